@@ -1,0 +1,15 @@
+"""tinytf: a from-scratch Transformer on NumPy or CuPy with hand-written autograd.
+
+Quick map: :mod:`tinytf.tensor` (Tensor, autograd engine), :mod:`tinytf.ops` (the
+primitive ops), :mod:`tinytf.functional` (``F``), :mod:`tinytf.nn` (modules),
+:mod:`tinytf.optim` (Adam, schedule), :mod:`tinytf.backend` (NumPy or CuPy).
+"""
+from . import backend, functional, nn, optim
+from .backend import manual_seed
+from .functional import cat, stack, where
+from .tensor import Function, Tensor, is_grad_enabled, no_grad, tensor
+
+__version__ = "0.1.0"
+
+__all__ = ["Tensor", "Function", "tensor", "no_grad", "is_grad_enabled", "manual_seed",
+           "cat", "stack", "where", "backend", "functional", "nn", "optim", "__version__"]

@@ -1,0 +1,119 @@
+"""The one place that chooses the array library: NumPy on the CPU, CuPy on the GPU.
+
+Every op in tinytf is written once against ``xp``, the module returned by
+:func:`get_array_module` for the arrays at hand (the same idea as
+``cupy.get_array_module`` and ``chainer.backend``). Importing tinytf never imports CuPy;
+CuPy is loaded only when a GPU array or ``TINYTF_DEVICE=gpu`` asks for it.
+
+The global random generators (dropout masks, initialisation) also live here, one per
+array module, so that a run is reproducible from ``manual_seed`` and its state can be
+saved in a checkpoint and restored exactly.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+_cupy = None
+_rngs: dict = {}
+_seed = 0
+
+
+def _import_cupy():
+    """Import CuPy on first use, with a clear error when it is missing."""
+    global _cupy
+    if _cupy is None:
+        try:
+            import cupy  # noqa: PLC0415 (optional dependency)
+        except ImportError as e:  # pragma: no cover - depends on the machine
+            raise RuntimeError(
+                "the GPU device needs CuPy: pip install 'tinytf[gpu]' (cupy-cuda12x)") from e
+        _cupy = cupy
+    return _cupy
+
+
+def default_device() -> str:
+    """The device named by ``TINYTF_DEVICE`` ("cpu" or "gpu"); "cpu" when unset."""
+    device = os.environ.get("TINYTF_DEVICE", "cpu").lower()
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"TINYTF_DEVICE must be 'cpu' or 'gpu', got {device!r}")
+    return device
+
+
+def array_module(device: str):
+    """numpy for ``"cpu"``, cupy for ``"gpu"``."""
+    if device == "cpu":
+        return np
+    if device == "gpu":
+        return _import_cupy()
+    raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+
+
+def get_array_module(*arrays):
+    """The module (numpy or cupy) that owns ``arrays``; numpy for anything else."""
+    if _cupy is not None:
+        for a in arrays:
+            if isinstance(a, _cupy.ndarray):
+                return _cupy
+    return np
+
+
+def device_of(array) -> str:
+    """"gpu" for a CuPy array, "cpu" otherwise."""
+    return "gpu" if get_array_module(array) is not np else "cpu"
+
+
+def to_device(array, device: str):
+    """Copy ``array`` to ``device`` (a no-op when it is already there)."""
+    if device == device_of(array):
+        return array
+    if device == "gpu":
+        return _import_cupy().asarray(array)
+    return array.get()
+
+
+def to_numpy(array) -> np.ndarray:
+    """A NumPy array with the values of ``array`` (copied from the GPU if needed)."""
+    return array if isinstance(array, np.ndarray) else (
+        array.get() if hasattr(array, "get") else np.asarray(array))
+
+
+def scatter_add(target, indices, values) -> None:
+    """``target[indices] += values`` where repeated indices accumulate.
+
+    Plain ``target[idx] += v`` keeps only one write per repeated index; NumPy's
+    ``add.at`` and CuPy's ``scatter_add`` sum all of them.
+    """
+    xp = get_array_module(target)
+    if xp is np:
+        np.add.at(target, indices, values)
+    else:  # pragma: no cover - GPU only
+        import cupyx  # noqa: PLC0415
+        cupyx.scatter_add(target, indices, values)
+
+
+def manual_seed(seed: int) -> None:
+    """Seed every random generator tinytf uses (initialisation and dropout)."""
+    global _seed
+    _seed = int(seed)
+    _rngs.clear()
+
+
+def rng(xp=np):
+    """The global random generator for array module ``xp`` (created from the seed)."""
+    key = xp.__name__
+    if key not in _rngs:
+        _rngs[key] = xp.random.default_rng(_seed)
+    return _rngs[key]
+
+
+def get_rng_state() -> dict:
+    """The CPU generator's state as a JSON-serialisable dict (for checkpoints)."""
+    return {"seed": _seed, "numpy": rng(np).bit_generator.state}
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore the state returned by :func:`get_rng_state`."""
+    manual_seed(state["seed"])
+    rng(np).bit_generator.state = state["numpy"]

@@ -1,0 +1,107 @@
+"""Functional interface, mirroring ``torch.nn.functional`` where a counterpart exists.
+
+Arguments that are integer ids or boolean masks may be arrays or Tensors; they never get
+a gradient.
+"""
+from __future__ import annotations
+
+import math
+
+from . import ops
+from .tensor import Tensor, _data
+
+
+def _int_tensor(x) -> Tensor:
+    """Integer ids as a Tensor (no gradient)."""
+    return x if isinstance(x, Tensor) else Tensor(x)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ weight.T + bias, weight of shape (out, in); one 2-D GEMM whatever x's rank."""
+    return ops.Linear.apply(x, weight) if bias is None else ops.Linear.apply(x, weight, bias)
+
+
+def relu(x: Tensor) -> Tensor:
+    """max(x, 0)."""
+    return ops.ReLU.apply(x)
+
+
+def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """exp(x_i) / sum_j exp(x_j) along ``axis``."""
+    return ops.Softmax.apply(x, axis=axis)
+
+
+def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """x_i - log sum_j exp(x_j) along ``axis``."""
+    return ops.LogSoftmax.apply(x, axis=axis)
+
+
+def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased variance)."""
+    inputs = [x] + [t for t in (weight, bias) if t is not None]
+    if weight is None and bias is not None:
+        raise ValueError("layer_norm: a bias without a weight is not supported")
+    return ops.LayerNorm.apply(*inputs, eps=eps)
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
+    """Zero elements with probability ``p`` and scale the rest by 1/(1-p) (training only)."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    if not training or p == 0.0:
+        return x
+    return ops.Dropout.apply(x, p=p)
+
+
+def embedding(ids, weight: Tensor) -> Tensor:
+    """weight[ids]: rows of the embedding matrix; repeated ids accumulate gradient."""
+    return ops.Embedding.apply(weight, _int_tensor(ids))
+
+
+def masked_fill(x: Tensor, mask, value: float) -> Tensor:
+    """``value`` where the boolean ``mask`` is True, ``x`` elsewhere."""
+    return ops.MaskedFill.apply(x, mask=_data(mask), value=value)
+
+
+def cross_entropy(logits: Tensor, target, label_smoothing: float = 0.0,
+                  ignore_index: int | None = None, reduction: str = "mean") -> Tensor:
+    """Cross-entropy of logits (N, V) against integer targets (N,), as in PyTorch.
+
+    Smoothing eps puts 1 - eps on the target and eps / V on every class; rows whose target
+    equals ``ignore_index`` are skipped, and "mean" divides by the number of the others.
+    """
+    return ops.CrossEntropy.apply(logits, _int_tensor(target), label_smoothing=label_smoothing,
+                                  ignore_index=ignore_index, reduction=reduction)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask=None, dropout: float = 0.0,
+              training: bool = False, return_weights: bool = False):
+    """softmax(q k^T / sqrt(d_k), masked) v for q (B, h, Tq, d), k and v (B, h, Tk, d).
+
+    ``mask``: boolean, broadcastable to (B, h, Tq, Tk), True where attending is allowed.
+    With ``return_weights`` also returns the attention weights array (no gradient).
+    """
+    mask = _data(mask)
+    out = ops.Attention.apply(q, k, v, mask=mask, dropout=dropout if training else 0.0)
+    if not return_weights:
+        return out
+    scaled_q = q.data * (1.0 / math.sqrt(q.shape[-1]))
+    return out, ops.nn.attention_weights(scaled_q, k.data, mask)
+
+
+def cat(tensors, axis: int = 0) -> Tensor:
+    """Concatenate tensors along an existing axis."""
+    return ops.Concatenate.apply(*tensors, axis=axis)
+
+
+def stack(tensors, axis: int = 0) -> Tensor:
+    """Stack tensors along a new axis."""
+    return ops.Stack.apply(*tensors, axis=axis)
+
+
+def where(condition, a, b) -> Tensor:
+    """``a`` where ``condition`` is True, else ``b`` (broadcasting)."""
+    a = a if isinstance(a, Tensor) else (b._wrap(a) if isinstance(b, Tensor) else Tensor(a))
+    b = b if isinstance(b, Tensor) else a._wrap(b)
+    return ops.Where.apply(a, b, condition=_data(condition))

@@ -1,0 +1,237 @@
+"""Neural-network ops with hand-written, fused backward passes.
+
+Each of these could be composed from primitives, but the composed graph would save many
+intermediate arrays and be slower and less stable. Here each op saves only what its
+closed-form gradient needs.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import backend
+from ..backend import get_array_module, scatter_add
+from ..tensor import Function
+
+
+def _softmax(x, axis):
+    """Numerically stable softmax: subtracting the max keeps exp() from overflowing."""
+    xp = get_array_module(x)
+    out = x - x.max(axis=axis, keepdims=True)
+    xp.exp(out, out=out)
+    out /= out.sum(axis=axis, keepdims=True)
+    return out
+
+
+class Softmax(Function):
+    """y = exp(x) / sum(exp(x)); dL/dx = y * (g - sum(g * y))."""
+
+    def forward(self, x, axis=-1):
+        self.axis = axis
+        y = _softmax(x, axis)
+        self.save_for_backward(y)
+        return y
+
+    def backward(self, grad):
+        (y,) = self.saved
+        return y * (grad - (grad * y).sum(axis=self.axis, keepdims=True))
+
+
+class LogSoftmax(Function):
+    """y = x - logsumexp(x); dL/dx = g - softmax(x) * sum(g)."""
+
+    def forward(self, x, axis=-1):
+        xp = get_array_module(x)
+        self.axis = axis
+        y = x - x.max(axis=axis, keepdims=True)
+        y -= xp.log(xp.exp(y).sum(axis=axis, keepdims=True))
+        self.save_for_backward(y)
+        return y
+
+    def backward(self, grad):
+        (y,) = self.saved
+        xp = get_array_module(y)
+        return grad - xp.exp(y) * grad.sum(axis=self.axis, keepdims=True)
+
+
+class LayerNorm(Function):
+    """Layer normalisation over the last axis (biased variance, eps inside the sqrt).
+
+    y = x_hat * w + b, x_hat = (x - mean) * rstd, rstd = 1 / sqrt(var + eps).
+    Closed-form backward (saving x_hat and rstd, not the graph):
+    dx = rstd * (dx_hat - mean(dx_hat) - x_hat * mean(dx_hat * x_hat)), dx_hat = g * w.
+    """
+
+    def forward(self, x, weight=None, bias=None, eps=1e-5):
+        xp = get_array_module(x)
+        mean = x.mean(axis=-1, keepdims=True)
+        xc = x - mean
+        var = (xc * xc).mean(axis=-1, keepdims=True)
+        rstd = 1.0 / xp.sqrt(var + eps)
+        x_hat = xc
+        x_hat *= rstd
+        self.save_for_backward(x_hat, rstd, weight)
+        out = x_hat * weight if weight is not None else x_hat.copy()
+        if bias is not None:
+            out += bias
+        return out
+
+    def backward(self, grad):
+        x_hat, rstd, weight = self.saved
+        d = x_hat.shape[-1]
+        rows = tuple(range(grad.ndim - 1))
+        dx_hat = grad * weight if weight is not None else grad
+        gx = None
+        if self.needs_input_grad[0]:
+            gx = dx_hat - dx_hat.mean(axis=-1, keepdims=True)
+            gx -= x_hat * ((dx_hat * x_hat).sum(axis=-1, keepdims=True) * (1.0 / d))
+            gx *= rstd
+        result = [gx]
+        if len(self.inputs) > 1:
+            result.append((grad * x_hat).sum(axis=rows) if self.needs_input_grad[1] else None)
+        if len(self.inputs) > 2:
+            result.append(grad.sum(axis=rows) if self.needs_input_grad[2] else None)
+        return tuple(result)
+
+
+class Dropout(Function):
+    """Inverted dropout: zero each element with probability p, scale the rest by 1/(1-p).
+
+    The scaled mask is saved; backward multiplies by the same mask.
+    """
+
+    def forward(self, x, p):
+        xp = get_array_module(x)
+        keep = backend.rng(xp).random(x.shape, dtype=np.float32) >= p
+        self.mask = keep.astype(x.dtype)
+        self.mask *= 1.0 / (1.0 - p)
+        return x * self.mask
+
+    def backward(self, grad):
+        return grad * self.mask
+
+
+class Embedding(Function):
+    """Rows of ``weight`` picked by integer ``ids``; backward scatter-adds into the rows.
+
+    A repeated id receives the sum of its gradients (``add.at``, not ``g[idx] += ...``).
+    """
+
+    def forward(self, weight, ids):
+        self.ids, self.shape = ids, weight.shape
+        return weight[ids]
+
+    def backward(self, grad):
+        xp = get_array_module(grad)
+        gw = xp.zeros(self.shape, dtype=grad.dtype)
+        scatter_add(gw, self.ids.reshape(-1), grad.reshape(-1, self.shape[1]))
+        return gw, None
+
+
+class CrossEntropy(Function):
+    """Label-smoothed cross-entropy of logits (N, V) against integer targets (N,).
+
+    With smoothing eps, the target distribution is (1 - eps) on the true class plus eps / V
+    on every class (as in PyTorch), so per row
+    loss = -(1 - eps) * logp[t] - (eps / V) * sum_j logp[j].
+    Rows whose target is ``ignore_index`` contribute nothing. Reductions: "sum", "mean"
+    (over non-ignored rows) or "none". No one-hot is built: the forward computes the
+    gradient softmax - target in place, in the one (N, V) buffer it keeps.
+    """
+
+    def forward(self, logits, target, label_smoothing=0.0, ignore_index=None,
+                reduction="mean"):
+        xp = get_array_module(logits)
+        n, v = logits.shape
+        eps = float(label_smoothing)
+        valid = None if ignore_index is None else target != ignore_index
+        safe_target = target if valid is None else xp.where(valid, target, 0)
+        rows = xp.arange(n)
+
+        logp = logits - logits.max(axis=1, keepdims=True)
+        probs = xp.exp(logp)
+        total = probs.sum(axis=1, keepdims=True)
+        logp -= xp.log(total)
+        loss = -(1.0 - eps) * logp[rows, safe_target]
+        if eps:
+            loss -= (eps / v) * logp.sum(axis=1)
+        del logp
+        # probs becomes d(loss_i)/d(logits_i) = softmax - smoothed one-hot.
+        probs /= total
+        if eps:
+            probs -= eps / v
+        probs[rows, safe_target] -= 1.0 - eps
+        weights = xp.ones(n, dtype=logits.dtype) if valid is None else valid.astype(logits.dtype)
+        loss *= weights
+        count = float(weights.sum())
+        self.reduction, self.probs, self.weights, self.count = reduction, probs, weights, count
+        if reduction == "none":
+            return loss
+        if reduction == "sum":
+            return loss.sum()
+        if reduction == "mean":
+            return loss.sum() / max(count, 1.0)
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+    def backward(self, grad):
+        if self.reduction == "none":
+            scale = grad * self.weights
+        else:
+            scale = self.weights * (grad / max(self.count, 1.0) if self.reduction == "mean"
+                                    else grad)
+        return self.probs * scale[:, None], None
+
+
+def attention_weights(scaled_q, k, mask=None):
+    """softmax(q k^T) with masked scores set to the dtype's most negative finite value."""
+    xp = get_array_module(scaled_q)
+    scores = scaled_q @ k.swapaxes(-1, -2)
+    if mask is not None:
+        xp.copyto(scores, xp.asarray(xp.finfo(scores.dtype).min, dtype=scores.dtype),
+                  where=~mask)
+    return _softmax(scores, -1)
+
+
+class Attention(Function):
+    """Scaled dot-product attention, softmax(q k^T / sqrt(d) + mask) v, fused.
+
+    q (B, h, Tq, d), k and v (B, h, Tk, d); ``mask`` is boolean, broadcastable to
+    (B, h, Tq, Tk), True where attention is allowed. Masked scores are set to the dtype's
+    most negative finite value (not -1e9, which overflows in float16), so a masked
+    position gets exactly zero weight and a fully masked row stays finite (uniform).
+    Optional dropout on the attention weights. Backward, with P the weights:
+    dV = P^T g, dP = g V^T, dS = P * (dP - sum(dP * P)), dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d).
+    """
+
+    def forward(self, q, k, v, mask=None, dropout=0.0):
+        xp = get_array_module(q)
+        qs = q * (1.0 / math.sqrt(q.shape[-1]))
+        weights = attention_weights(qs, k, mask)                 # (B, h, Tq, Tk)
+        self.weights = weights
+        if dropout:
+            keep = backend.rng(xp).random(weights.shape, dtype=np.float32) >= dropout
+            self.drop_mask = keep.astype(weights.dtype) * (1.0 / (1.0 - dropout))
+            weights = weights * self.drop_mask
+        else:
+            self.drop_mask = None
+        self.save_for_backward(qs, k, v, weights)
+        return weights @ v                                       # (B, h, Tq, d)
+
+    def backward(self, grad):
+        qs, k, v, dropped = self.saved
+        weights = self.weights
+        scale = 1.0 / math.sqrt(qs.shape[-1])
+        need_q, need_k, need_v = self.needs_input_grad[:3]
+        gv = dropped.swapaxes(-1, -2) @ grad if need_v else None
+        if not (need_q or need_k):
+            return None, None, gv
+        dp = grad @ v.swapaxes(-1, -2)
+        if self.drop_mask is not None:
+            dp *= self.drop_mask
+        ds = dp
+        ds -= (dp * weights).sum(axis=-1, keepdims=True)
+        ds *= weights
+        gq = (ds @ k) * scale if need_q else None
+        gk = ds.swapaxes(-1, -2) @ qs if need_k else None
+        return gq, gk, gv

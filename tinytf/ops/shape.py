@@ -1,0 +1,121 @@
+"""Ops that move values without arithmetic: reshape, transpose, indexing, joining, selecting."""
+from __future__ import annotations
+
+from ..backend import get_array_module, scatter_add
+from ..tensor import Function, Tensor
+from .elementwise import sum_to
+
+
+class Reshape(Function):
+    """The same values in a new shape; the gradient is reshaped back."""
+
+    def forward(self, x, shape):
+        self.in_shape = x.shape
+        return x.reshape(shape)
+
+    def backward(self, grad):
+        return grad.reshape(self.in_shape)
+
+
+class Transpose(Function):
+    """Permute axes (``axes=None`` reverses them); backward applies the inverse permutation."""
+
+    def forward(self, x, axes=None):
+        self.axes = tuple(range(x.ndim))[::-1] if axes is None else tuple(a % x.ndim for a in axes)
+        return x.transpose(self.axes)
+
+    def backward(self, grad):
+        inverse = [0] * len(self.axes)
+        for i, a in enumerate(self.axes):
+            inverse[a] = i
+        return grad.transpose(inverse)
+
+
+def _is_advanced(index) -> bool:
+    """Whether ``index`` uses integer/boolean arrays (which may repeat positions)."""
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(hasattr(p, "shape") or isinstance(p, list) for p in parts)
+
+
+class GetItem(Function):
+    """``x[index]`` for ints, slices, None, Ellipsis and integer arrays.
+
+    Backward scatters the gradient into zeros; with integer arrays it scatter-*adds*, since
+    one position may have been picked several times.
+    """
+
+    def forward(self, x, index):
+        if isinstance(index, Tensor):
+            index = index.data
+        elif isinstance(index, tuple):
+            index = tuple(p.data if isinstance(p, Tensor) else p for p in index)
+        self.index, self.in_shape, self.dtype = index, x.shape, x.dtype
+        return x[index]
+
+    def backward(self, grad):
+        xp = get_array_module(grad)
+        out = xp.zeros(self.in_shape, dtype=self.dtype)
+        if _is_advanced(self.index):
+            scatter_add(out, self.index, grad)
+        else:
+            out[self.index] = grad
+        return out
+
+
+class Concatenate(Function):
+    """Join tensors along an existing axis; backward splits the gradient."""
+
+    def forward(self, *xs, axis=0):
+        xp = get_array_module(*xs)
+        self.axis = axis
+        self.sizes = [x.shape[axis] for x in xs]
+        return xp.concatenate(xs, axis=axis)
+
+    def backward(self, grad):
+        xp = get_array_module(grad)
+        bounds = [sum(self.sizes[:i + 1]) for i in range(len(self.sizes) - 1)]
+        return tuple(xp.split(grad, bounds, axis=self.axis))
+
+
+class Stack(Function):
+    """Join tensors along a new axis; backward takes the slices apart."""
+
+    def forward(self, *xs, axis=0):
+        xp = get_array_module(*xs)
+        self.axis = axis % (xs[0].ndim + 1)
+        return xp.stack(xs, axis=self.axis)
+
+    def backward(self, grad):
+        xp = get_array_module(grad)
+        return tuple(xp.take(grad, i, axis=self.axis) for i in range(grad.shape[self.axis]))
+
+
+class Where(Function):
+    """``a`` where ``condition`` is True, else ``b`` (all three broadcast)."""
+
+    def forward(self, a, b, condition):
+        xp = get_array_module(a, b)
+        self.condition, self.shapes = condition, (a.shape, b.shape)
+        return xp.where(condition, a, b)
+
+    def backward(self, grad):
+        c = self.condition
+        sa, sb = self.shapes
+        return (sum_to(grad * c, sa) if self.needs_input_grad[0] else None,
+                sum_to(grad * ~c, sb) if self.needs_input_grad[1] else None)
+
+
+class MaskedFill(Function):
+    """``x`` with ``value`` where ``mask`` is True; those positions get no gradient."""
+
+    def forward(self, x, mask, value):
+        xp = get_array_module(x)
+        self.mask = mask
+        out = x.copy() if mask.shape == x.shape else xp.broadcast_to(x, xp.broadcast_shapes(
+            x.shape, mask.shape)).copy()
+        xp.copyto(out, xp.asarray(value, dtype=x.dtype), where=mask)
+        self.in_shape = x.shape
+        return out
+
+    def backward(self, grad):
+        return sum_to(grad * ~self.mask, self.in_shape)

@@ -1,0 +1,329 @@
+"""Tensor and the reverse-mode autograd engine.
+
+A :class:`Tensor` wraps an array (NumPy or CuPy) and, when it was produced by an op while
+gradients are enabled, a reference ``_ctx`` to the :class:`Function` node that made it.
+That node holds its input tensors and the arrays its backward needs, so the tensors and
+nodes form a DAG: the history of the computation. ``Tensor.backward`` sorts that DAG
+topologically (iteratively, so deep graphs cannot overflow the Python stack), walks it from
+the output back to the leaves, calls each node's ``backward`` with the gradient of its
+output, and accumulates the results into the ``.grad`` of leaf tensors that require one.
+Each node is dropped as soon as backward has passed it, which frees its saved arrays.
+
+The ops themselves live in :mod:`tinytf.ops`; this file only knows the base class.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import numpy as np
+
+from . import backend
+
+_grad_enabled = True
+
+
+def is_grad_enabled() -> bool:
+    """Whether ops currently record their history for backward."""
+    return _grad_enabled
+
+
+class no_grad(contextlib.ContextDecorator):
+    """Context manager / decorator that turns off graph recording (for inference)."""
+
+    def __enter__(self):
+        global _grad_enabled
+        self._prev, _grad_enabled = _grad_enabled, False
+        return self
+
+    def __exit__(self, *exc):
+        global _grad_enabled
+        _grad_enabled = self._prev
+        return False
+
+
+class Function:
+    """One primitive op: ``forward`` on arrays and ``backward`` side by side.
+
+    Subclasses implement ``forward(self, *arrays, **kwargs) -> array`` and
+    ``backward(self, grad) -> tuple`` (one gradient array or ``None`` per input; a single
+    input may return the array itself). Arrays that backward needs are saved explicitly
+    with :meth:`save_for_backward` (or as attributes). ``self.needs_input_grad[i]`` says
+    whether input ``i`` wants a gradient, so backward can skip work nobody needs.
+    ``backward`` must never modify ``grad`` in place: it may be shared with other nodes.
+    """
+
+    def __init__(self, *inputs: "Tensor"):
+        self.inputs = inputs
+        self.needs_input_grad = tuple(t.requires_grad for t in inputs)
+        self.saved: tuple = ()
+
+    def save_for_backward(self, *arrays) -> None:
+        """Keep ``arrays`` for backward; they are released when the node is freed."""
+        self.saved = arrays
+
+    def forward(self, *arrays, **kwargs):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def backward(self, grad):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, *inputs: "Tensor", **kwargs) -> "Tensor":
+        """Run the op on ``inputs`` (Tensors) and record it when a gradient is needed."""
+        ctx = cls(*inputs)
+        out = ctx.forward(*(t.data for t in inputs), **kwargs)
+        requires_grad = _grad_enabled and any(ctx.needs_input_grad)
+        if not requires_grad:
+            return Tensor(out)
+        result = Tensor(out, requires_grad=True)
+        result._ctx = ctx
+        return result
+
+
+def _as_array(data, dtype=None):
+    """Turn ``data`` into an array; Python floats and lists default to float32."""
+    xp = backend.get_array_module(data)
+    if isinstance(data, (np.ndarray, np.generic)) or xp is not np:
+        return data.astype(dtype, copy=False) if dtype is not None else xp.asarray(data)
+    arr = np.asarray(data, dtype=dtype)
+    if dtype is None and arr.dtype == np.float64:
+        arr = arr.astype(np.float32)  # the default float type, as in PyTorch
+    return arr
+
+
+class Tensor:
+    """An array with an optional gradient and the history needed to compute it.
+
+    ``Tensor(data, requires_grad=False, dtype=None)``: NumPy/CuPy arrays keep their dtype;
+    Python numbers and lists of floats become float32. Operators broadcast as in NumPy.
+    """
+
+    __array_priority__ = 1000  # make ndarray (op) Tensor call Tensor's reflected operator
+
+    def __init__(self, data, requires_grad: bool = False, dtype=None):
+        if isinstance(data, Tensor):
+            data = data.data
+        self.data = _as_array(data, dtype)
+        self.grad = None
+        self.requires_grad = bool(requires_grad)
+        self._ctx: Function | None = None
+        if self.requires_grad and self.data.dtype.kind != "f":
+            raise TypeError(f"only floating-point tensors can require a gradient, "
+                            f"got dtype {self.data.dtype}")
+
+    # ----- properties ---------------------------------------------------------------
+    shape = property(lambda self: self.data.shape, doc="The array's shape.")
+    dtype = property(lambda self: self.data.dtype, doc="The array's dtype.")
+    ndim = property(lambda self: self.data.ndim, doc="Number of dimensions.")
+    size = property(lambda self: self.data.size, doc="Number of elements.")
+    device = property(lambda self: backend.device_of(self.data), doc='"cpu" or "gpu".')
+    is_leaf = property(lambda self: self._ctx is None, doc="Not produced by a recorded op.")
+
+    def __repr__(self) -> str:
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"Tensor({self.data!r}{grad})"
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    # ----- conversions --------------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        """The values as a NumPy array (copied from the GPU if needed)."""
+        return backend.to_numpy(self.data)
+
+    def item(self) -> float:
+        """The single value of a one-element tensor as a Python number."""
+        return self.data.item()
+
+    def detach(self) -> "Tensor":
+        """A tensor sharing the data but cut from the graph (no gradient)."""
+        return Tensor(self.data)
+
+    def to(self, device: str) -> "Tensor":
+        """A copy on ``device`` ("cpu" or "gpu"), cut from the graph; self if already there."""
+        if device == self.device:
+            return self
+        out = Tensor(backend.to_device(self.data, device), requires_grad=self.requires_grad)
+        return out
+
+    def astype(self, dtype) -> "Tensor":
+        """The values cast to ``dtype`` (differentiable)."""
+        from .ops import Cast
+        return Cast.apply(self, dtype=np.dtype(dtype))
+
+    def zero_grad(self) -> None:
+        """Forget the accumulated gradient."""
+        self.grad = None
+
+    # ----- autograd -----------------------------------------------------------------
+    def backward(self, grad=None) -> None:
+        """Accumulate d(self)/d(leaf) * grad into ``.grad`` of every leaf requiring one.
+
+        ``grad`` defaults to 1 for a one-element tensor. The graph is freed as it is
+        walked: calling backward twice through the same graph is an error.
+        """
+        if not self.requires_grad:
+            raise RuntimeError("backward() on a tensor that does not require grad")
+        xp = backend.get_array_module(self.data)
+        if grad is None:
+            if self.size != 1:
+                raise RuntimeError("backward() needs an explicit gradient for a "
+                                   f"non-scalar tensor of shape {self.shape}")
+            grad = xp.ones(self.shape, dtype=self.dtype)
+        grad = grad.data if isinstance(grad, Tensor) else xp.asarray(grad, dtype=self.dtype)
+        if grad.shape != self.shape:
+            raise ValueError(f"gradient shape {grad.shape} != tensor shape {self.shape}")
+
+        grads = {id(self): grad}
+        for node in reversed(_topological_order(self)):
+            g = grads.pop(id(node), None)
+            if g is None:
+                continue
+            ctx = node._ctx
+            if ctx is None:  # a leaf: accumulate (a copy, so that leaves never alias)
+                node.grad = g.astype(node.dtype, copy=True) if node.grad is None \
+                    else node.grad + g
+                continue
+            in_grads = ctx.backward(g)
+            if not isinstance(in_grads, tuple):
+                in_grads = (in_grads,)
+            for inp, ig, needed in zip(ctx.inputs, in_grads, ctx.needs_input_grad):
+                if not needed or ig is None:
+                    continue
+                assert ig.shape == inp.shape, \
+                    f"{type(ctx).__name__}.backward: grad shape {ig.shape} != {inp.shape}"
+                prev = grads.get(id(inp))
+                grads[id(inp)] = ig if prev is None else prev + ig
+            node._ctx = None  # free the node and the arrays it saved
+
+    # ----- operators (the ops are imported lazily to avoid an import cycle) -------------
+    def _wrap(self, other) -> "Tensor":
+        """``other`` as a Tensor; Python numbers take this tensor's dtype (no upcast)."""
+        if isinstance(other, Tensor):
+            return other
+        xp = backend.get_array_module(self.data)
+        if isinstance(other, (int, float, bool)) or np.ndim(other) == 0 and not hasattr(other, "dtype"):
+            return Tensor(xp.asarray(other, dtype=self.dtype))
+        return Tensor(xp.asarray(other))
+
+    def __add__(self, other): return _ops().Add.apply(self, self._wrap(other))
+    def __radd__(self, other): return _ops().Add.apply(self._wrap(other), self)
+    def __sub__(self, other): return self + (-self._wrap(other))
+    def __rsub__(self, other): return self._wrap(other) + (-self)
+    def __mul__(self, other): return _ops().Mul.apply(self, self._wrap(other))
+    def __rmul__(self, other): return _ops().Mul.apply(self._wrap(other), self)
+    def __truediv__(self, other): return self * self._wrap(other).reciprocal()
+    def __rtruediv__(self, other): return self._wrap(other) * self.reciprocal()
+    def __neg__(self): return _ops().Neg.apply(self)
+    def __pow__(self, exponent): return _ops().Pow.apply(self, exponent=exponent)
+    def __matmul__(self, other): return _ops().MatMul.apply(self, self._wrap(other))
+    def __rmatmul__(self, other): return _ops().MatMul.apply(self._wrap(other), self)
+    def __getitem__(self, index): return _ops().GetItem.apply(self, index=index)
+
+    def reciprocal(self):
+        """1 / self."""
+        return self ** -1.0
+
+    def exp(self):
+        """Elementwise e**x."""
+        return _ops().Exp.apply(self)
+
+    def log(self):
+        """Elementwise natural logarithm."""
+        return _ops().Log.apply(self)
+
+    def sqrt(self):
+        """Elementwise square root."""
+        return _ops().Sqrt.apply(self)
+
+    def tanh(self):
+        """Elementwise hyperbolic tangent."""
+        return _ops().Tanh.apply(self)
+
+    def relu(self):
+        """Elementwise max(x, 0)."""
+        return _ops().ReLU.apply(self)
+
+    def sum(self, axis=None, keepdims=False):
+        """Sum over ``axis`` (int, tuple or None for all)."""
+        return _ops().Sum.apply(self, axis=axis, keepdims=keepdims)
+
+    def mean(self, axis=None, keepdims=False):
+        """Mean over ``axis``: sum / count."""
+        axes = range(self.ndim) if axis is None else (axis if isinstance(axis, tuple) else (axis,))
+        count = 1
+        for a in axes:
+            count *= self.shape[a]
+        return self.sum(axis, keepdims) * (1.0 / count)
+
+    def max(self, axis=None, keepdims=False):
+        """Maximum over ``axis``; ties share the gradient equally."""
+        return _ops().Max.apply(self, axis=axis, keepdims=keepdims)
+
+    def reshape(self, *shape):
+        """Same values in a new shape (one dimension may be -1)."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        return _ops().Reshape.apply(self, shape=shape)
+
+    def transpose(self, *axes):
+        """Permute dimensions; no arguments reverses them (like NumPy)."""
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        return _ops().Transpose.apply(self, axes=axes or None)
+
+    permute = transpose
+    T = property(lambda self: self.transpose(), doc="The tensor with dimensions reversed.")
+
+    def masked_fill(self, mask, value):
+        """``value`` where ``mask`` is True, self elsewhere (mask broadcasts)."""
+        return _ops().MaskedFill.apply(self, mask=_data(mask), value=value)
+
+    def softmax(self, axis=-1):
+        """exp(x) / sum(exp(x)) along ``axis``."""
+        return _ops().Softmax.apply(self, axis=axis)
+
+    def log_softmax(self, axis=-1):
+        """x - logsumexp(x) along ``axis``."""
+        return _ops().LogSoftmax.apply(self, axis=axis)
+
+
+def _data(x):
+    """The array inside ``x`` if it is a Tensor, else ``x``."""
+    return x.data if isinstance(x, Tensor) else x
+
+
+@functools.cache
+def _ops():
+    from . import ops
+    return ops
+
+
+def _topological_order(root: Tensor) -> list:
+    """Tensors reachable from ``root`` that need a gradient, inputs before outputs.
+
+    Iterative depth-first post-order: a recursive version overflows the Python stack
+    on a graph a few thousand ops deep.
+    """
+    order, visited = [], set()
+    stack = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        if node._ctx is not None:
+            for parent in node._ctx.inputs:
+                if parent.requires_grad and id(parent) not in visited:
+                    stack.append((parent, False))
+    return order
+
+
+def tensor(data, requires_grad: bool = False, dtype=None) -> Tensor:
+    """Make a Tensor (see :class:`Tensor`)."""
+    return Tensor(data, requires_grad=requires_grad, dtype=dtype)
