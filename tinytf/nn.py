@@ -218,9 +218,9 @@ class Linear(Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         bound = 1.0 / math.sqrt(in_features)
-        self.weight = init.uniform_(Parameter(np.empty((out_features, in_features))),
+        self.weight = init.uniform_(Parameter(np.zeros((out_features, in_features))),
                                     -bound, bound)
-        self.bias = init.uniform_(Parameter(np.empty(out_features)), -bound, bound) \
+        self.bias = init.uniform_(Parameter(np.zeros(out_features)), -bound, bound) \
             if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
@@ -231,7 +231,7 @@ class Embedding(Module):
     """A lookup table of ``num`` vectors of size ``dim``; init N(0, std^2), std = dim^-0.5."""
 
     def __init__(self, num: int, dim: int, std: float | None = None):
-        self.weight = init.normal_(Parameter(np.empty((num, dim))),
+        self.weight = init.normal_(Parameter(np.zeros((num, dim))),
                                    dim ** -0.5 if std is None else std)
 
     def forward(self, ids) -> Tensor:

@@ -21,10 +21,10 @@ class MatMul(Function):
         a2 = a[None, :] if a.ndim == 1 else a
         b2 = b[:, None] if b.ndim == 1 else b
         g = grad
+        if b.ndim == 1:  # first: for 1-D @ 1-D the 0-d grad becomes (1,), then (1, 1)
+            g = g[..., None]
         if a.ndim == 1:
             g = g[..., None, :]
-        if b.ndim == 1:
-            g = g[..., None]
         ga = gb = None
         if self.needs_input_grad[0]:
             ga = sum_to(g @ b2.swapaxes(-1, -2), a2.shape).reshape(a.shape)

@@ -208,7 +208,7 @@ class Attention(Function):
         xp = get_array_module(q)
         qs = q * (1.0 / math.sqrt(q.shape[-1]))
         weights = attention_weights(qs, k, mask)                 # (B, h, Tq, Tk)
-        self.weights = weights
+        self.weights, self.mask = weights, mask
         if dropout:
             keep = backend.rng(xp).random(weights.shape, dtype=np.float32) >= dropout
             self.drop_mask = keep.astype(weights.dtype) * (1.0 / (1.0 - dropout))
@@ -232,6 +232,8 @@ class Attention(Function):
         ds = dp
         ds -= (dp * weights).sum(axis=-1, keepdims=True)
         ds *= weights
+        if self.mask is not None:  # masked scores are constants: a fully masked row's
+            ds *= self.mask        # uniform weights must not send gradient to q or k
         gq = (ds @ k) * scale if need_q else None
         gk = ds.swapaxes(-1, -2) @ qs if need_k else None
         return gq, gk, gv
