@@ -108,6 +108,7 @@ class Tensor:
         self.grad = None
         self.requires_grad = bool(requires_grad)
         self._ctx: Function | None = None
+        self._freed = False  # set when backward has released the node that made this tensor
         if self.requires_grad and self.data.dtype.kind != "f":
             raise TypeError(f"only floating-point tensors can require a gradient, "
                             f"got dtype {self.data.dtype}")
@@ -195,7 +196,7 @@ class Tensor:
                     f"{type(ctx).__name__}.backward: grad shape {ig.shape} != {inp.shape}"
                 prev = grads.get(id(inp))
                 grads[id(inp)] = ig if prev is None else prev + ig
-            node._ctx = None  # free the node and the arrays it saved
+            node._ctx, node._freed = None, True  # free the node and the arrays it saved
 
     # ----- operators (the ops are imported lazily to avoid an import cycle) -------------
     def _wrap(self, other) -> "Tensor":
@@ -315,6 +316,9 @@ def _topological_order(root: Tensor) -> list:
             continue
         if id(node) in visited:
             continue
+        if node._freed:  # its history is gone: treating it as a leaf would lose gradients
+            raise RuntimeError("backward() through a graph that an earlier backward() freed; "
+                               "run the forward pass again (there is no retain_graph)")
         visited.add(id(node))
         stack.append((node, True))
         if node._ctx is not None:
