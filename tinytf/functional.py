@@ -47,10 +47,12 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     """Zero elements with probability ``p`` and scale the rest by 1/(1-p) (training only)."""
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
     if not training or p == 0.0:
         return x
+    if p == 1.0:  # everything dropped, as in PyTorch
+        return x * 0.0
     return ops.Dropout.apply(x, p=p)
 
 
@@ -69,7 +71,9 @@ def cross_entropy(logits: Tensor, target, label_smoothing: float = 0.0,
     """Cross-entropy of logits (N, V) against integer targets (N,), as in PyTorch.
 
     Smoothing eps puts 1 - eps on the target and eps / V on every class; rows whose target
-    equals ``ignore_index`` are skipped, and "mean" divides by the number of the others.
+    equals ``ignore_index`` are skipped, and "mean" divides by the number of the others
+    (when every row is ignored, "mean" returns 0 where PyTorch returns NaN: an empty
+    batch should not poison a sum of losses).
     """
     return ops.CrossEntropy.apply(logits, _int_tensor(target), label_smoothing=label_smoothing,
                                   ignore_index=ignore_index, reduction=reduction)

@@ -204,8 +204,11 @@ class Tensor:
         if isinstance(other, Tensor):
             return other
         xp = backend.get_array_module(self.data)
-        if isinstance(other, (int, float, bool)) or np.ndim(other) == 0 and not hasattr(other, "dtype"):
-            return Tensor(xp.asarray(other, dtype=self.dtype))
+        if not hasattr(other, "dtype") or isinstance(other, np.generic):
+            # Python numbers, NumPy scalars and lists take this tensor's dtype (no upcast)
+            other = np.asarray(other)
+            return Tensor(xp.asarray(other, dtype=self.dtype if other.dtype.kind in "fib"
+                                     else other.dtype))
         return Tensor(xp.asarray(other))
 
     def __add__(self, other): return _ops().Add.apply(self, self._wrap(other))

@@ -59,9 +59,10 @@ class Pow(Function):
     """x ** p for a Python number p; d/dx = p * x ** (p - 1)."""
 
     def forward(self, x, exponent):
-        if not isinstance(exponent, (int, float)):
+        if not isinstance(exponent, (int, float)) and getattr(exponent, "ndim", None) != 0:
             raise TypeError("pow takes a Python number as exponent, got "
                             f"{type(exponent).__name__}")
+        exponent = float(exponent)  # a NumPy float64 scalar would upcast float32 inputs
         self.exponent = exponent
         self.save_for_backward(x)
         return x ** exponent
