@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from . import ops
+from . import amp, ops
 from .tensor import Tensor, _data
 
 
@@ -18,6 +18,7 @@ def _int_tensor(x) -> Tensor:
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x @ weight.T + bias, weight of shape (out, in); one 2-D GEMM whatever x's rank."""
+    x, weight, bias = amp.cast_inputs("linear", x, weight, bias)
     return ops.Linear.apply(x, weight) if bias is None else ops.Linear.apply(x, weight, bias)
 
 
@@ -28,17 +29,20 @@ def relu(x: Tensor) -> Tensor:
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """exp(x_i) / sum_j exp(x_j) along ``axis``."""
+    (x,) = amp.cast_inputs("softmax", x)
     return ops.Softmax.apply(x, axis=axis)
 
 
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     """x_i - log sum_j exp(x_j) along ``axis``."""
+    (x,) = amp.cast_inputs("log_softmax", x)
     return ops.LogSoftmax.apply(x, axis=axis)
 
 
 def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
     """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased variance)."""
+    x, weight, bias = amp.cast_inputs("layer_norm", x, weight, bias)
     inputs = [x] + [t for t in (weight, bias) if t is not None]
     if weight is None and bias is not None:
         raise ValueError("layer_norm: a bias without a weight is not supported")
@@ -75,6 +79,7 @@ def cross_entropy(logits: Tensor, target, label_smoothing: float = 0.0,
     (when every row is ignored, "mean" returns 0 where PyTorch returns NaN: an empty
     batch should not poison a sum of losses).
     """
+    (logits,) = amp.cast_inputs("cross_entropy", logits)
     return ops.CrossEntropy.apply(logits, _int_tensor(target), label_smoothing=label_smoothing,
                                   ignore_index=ignore_index, reduction=reduction)
 
@@ -87,6 +92,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask=None, dropout: float = 0.0,
     With ``return_weights`` also returns the attention weights array (no gradient).
     """
     mask = _data(mask)
+    q, k, v = amp.cast_inputs("attention", q, k, v)
     out = ops.Attention.apply(q, k, v, mask=mask, dropout=dropout if training else 0.0)
     if not return_weights:
         return out

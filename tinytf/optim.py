@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from . import backend
+from . import backend, kernels
 
 
 def noam_lr(step: int, d_model: int, warmup: int = 4000, factor: float = 1.0) -> float:
@@ -87,6 +87,9 @@ class Adam:
             if m is None:
                 m = self.exp_avg[name] = xp.zeros_like(p.data)
                 v = self.exp_avg_sq[name] = xp.zeros_like(p.data)
+            if kernels.fused(p.data, g) and p.data.dtype == np.float32:
+                kernels.adam_step(p.data, g, m, v, self.lr, self.betas, self.eps, t)
+                continue
             m *= b1
             m += (1 - b1) * g
             v *= b2

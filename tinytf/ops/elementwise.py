@@ -1,6 +1,7 @@
 """Elementwise ops. Binary ops broadcast; their backward un-broadcasts with :func:`sum_to`."""
 from __future__ import annotations
 
+from .. import kernels
 from ..backend import get_array_module
 from ..tensor import Function
 
@@ -125,11 +126,13 @@ class ReLU(Function):
     """max(x, 0); the gradient passes where the output is positive."""
 
     def forward(self, x):
-        out = get_array_module(x).maximum(x, 0)
+        out = kernels.relu_forward(x) if kernels.fused(x) else get_array_module(x).maximum(x, 0)
         self.save_for_backward(out)
         return out
 
     def backward(self, grad):
+        if kernels.fused(self.saved[0]):
+            return kernels.relu_backward(self.saved[0], grad)
         return grad * (self.saved[0] > 0)
 
 

@@ -1,6 +1,7 @@
 """Matrix products: general (batched, broadcast) matmul and the fused linear layer."""
 from __future__ import annotations
 
+from ..kernels import matmul
 from ..tensor import Function
 from .elementwise import sum_to
 
@@ -13,7 +14,7 @@ class MatMul(Function):
 
     def forward(self, a, b):
         self.save_for_backward(a, b)
-        return a @ b
+        return matmul(a, b)
 
     def backward(self, grad):
         a, b = self.saved
@@ -27,9 +28,9 @@ class MatMul(Function):
             g = g[..., None, :]
         ga = gb = None
         if self.needs_input_grad[0]:
-            ga = sum_to(g @ b2.swapaxes(-1, -2), a2.shape).reshape(a.shape)
+            ga = sum_to(matmul(g, b2.swapaxes(-1, -2)), a2.shape).reshape(a.shape)
         if self.needs_input_grad[1]:
-            gb = sum_to(a2.swapaxes(-1, -2) @ g, b2.shape).reshape(b.shape)
+            gb = sum_to(matmul(a2.swapaxes(-1, -2), g), b2.shape).reshape(b.shape)
         return ga, gb
 
 
@@ -43,7 +44,7 @@ class Linear(Function):
 
     def forward(self, x, weight, bias=None):
         x2 = x.reshape(-1, x.shape[-1])
-        out = x2 @ weight.T
+        out = matmul(x2, weight.T)
         if bias is not None:
             out += bias
         self.save_for_backward(x2, weight)
@@ -53,8 +54,8 @@ class Linear(Function):
     def backward(self, grad):
         x2, weight = self.saved
         g2 = grad.reshape(-1, weight.shape[0])
-        gx = (g2 @ weight).reshape(self.in_shape) if self.needs_input_grad[0] else None
-        gw = g2.T @ x2 if self.needs_input_grad[1] else None
+        gx = matmul(g2, weight).reshape(self.in_shape) if self.needs_input_grad[0] else None
+        gw = matmul(g2.T, x2) if self.needs_input_grad[1] else None
         if len(self.inputs) == 2:
             return gx, gw
         gb = g2.sum(axis=0) if self.needs_input_grad[2] else None

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from .. import backend
+from .. import backend, kernels
 from ..backend import get_array_module, scatter_add
 from ..tensor import Function
 
@@ -29,12 +29,14 @@ class Softmax(Function):
 
     def forward(self, x, axis=-1):
         self.axis = axis
-        y = _softmax(x, axis)
+        y = kernels.softmax_forward(x, axis) if kernels.fused(x) else _softmax(x, axis)
         self.save_for_backward(y)
         return y
 
     def backward(self, grad):
         (y,) = self.saved
+        if kernels.fused(y):
+            return kernels.softmax_backward(y, grad, self.axis)
         return y * (grad - (grad * y).sum(axis=self.axis, keepdims=True))
 
 
@@ -44,6 +46,9 @@ class LogSoftmax(Function):
     def forward(self, x, axis=-1):
         xp = get_array_module(x)
         self.axis = axis
+        if kernels.fused(x):
+            self.save_for_backward(kernels.softmax_forward(x, axis, log=True))
+            return self.saved[0]
         y = x - x.max(axis=axis, keepdims=True)
         y -= xp.log(xp.exp(y).sum(axis=axis, keepdims=True))
         self.save_for_backward(y)
@@ -51,6 +56,8 @@ class LogSoftmax(Function):
 
     def backward(self, grad):
         (y,) = self.saved
+        if kernels.fused(y):
+            return kernels.softmax_backward(y, grad, self.axis, log=True)
         xp = get_array_module(y)
         return grad - xp.exp(y) * grad.sum(axis=self.axis, keepdims=True)
 
@@ -64,6 +71,10 @@ class LayerNorm(Function):
     """
 
     def forward(self, x, weight=None, bias=None, eps=1e-5):
+        if kernels.fused(x, weight, bias):
+            out, x_hat, rstd = kernels.layer_norm_forward(x, weight, bias, eps)
+            self.save_for_backward(x_hat, rstd, weight)
+            return out
         xp = get_array_module(x)
         mean = x.mean(axis=-1, keepdims=True)
         xc = x - mean
@@ -79,6 +90,9 @@ class LayerNorm(Function):
 
     def backward(self, grad):
         x_hat, rstd, weight = self.saved
+        if kernels.fused(x_hat):
+            need = self.needs_input_grad + (False, False)
+            return kernels.layer_norm_backward(grad, x_hat, rstd, weight, *need[:3])[:len(self.inputs)]
         d = x_hat.shape[-1]
         rows = tuple(range(grad.ndim - 1))
         dx_hat = grad * weight if weight is not None else grad
@@ -103,6 +117,9 @@ class Dropout(Function):
 
     def forward(self, x, p):
         xp = get_array_module(x)
+        if kernels.fused(x):
+            out, self.mask = kernels.dropout_forward(x, p)
+            return out
         keep = backend.rng(xp).random(x.shape, dtype=np.float32) >= p
         self.mask = keep.astype(x.dtype)
         self.mask *= 1.0 / (1.0 - p)
@@ -148,6 +165,9 @@ class CrossEntropy(Function):
         valid = None if ignore_index is None else target != ignore_index
         safe_target = target if valid is None else xp.where(valid, target, 0)
         rows = xp.arange(n)
+        if kernels.fused(logits):
+            loss, probs, weights = kernels.cross_entropy_forward(logits, target, eps, ignore_index)
+            return self._reduce(loss, probs, weights, reduction)
 
         logp = logits - logits.max(axis=1, keepdims=True)
         probs = xp.exp(logp)
@@ -164,6 +184,9 @@ class CrossEntropy(Function):
         probs[rows, safe_target] -= 1.0 - eps
         weights = xp.ones(n, dtype=logits.dtype) if valid is None else valid.astype(logits.dtype)
         loss *= weights
+        return self._reduce(loss, probs, weights, reduction)
+
+    def _reduce(self, loss, probs, weights, reduction):
         count = float(weights.sum())
         self.reduction, self.probs, self.weights, self.count = reduction, probs, weights, count
         if reduction == "none":
@@ -180,13 +203,15 @@ class CrossEntropy(Function):
         else:
             scale = self.weights * (grad / max(self.count, 1.0) if self.reduction == "mean"
                                     else grad)
-        return self.probs * scale[:, None], None
+        return (self.probs * scale[:, None]).astype(self.probs.dtype, copy=False), None
 
 
 def attention_weights(scaled_q, k, mask=None):
     """softmax(q k^T) with masked scores set to the dtype's most negative finite value."""
     xp = get_array_module(scaled_q)
-    scores = scaled_q @ k.swapaxes(-1, -2)
+    scores = kernels.matmul(scaled_q, k.swapaxes(-1, -2))
+    if kernels.fused(scores):
+        return kernels.softmax_forward(scores, -1, mask=mask)
     if mask is not None:
         xp.copyto(scores, xp.asarray(xp.finfo(scores.dtype).min, dtype=scores.dtype),
                   where=~mask)
@@ -216,24 +241,27 @@ class Attention(Function):
         else:
             self.drop_mask = None
         self.save_for_backward(qs, k, v, weights)
-        return weights @ v                                       # (B, h, Tq, d)
+        return kernels.matmul(weights, v)                        # (B, h, Tq, d)
 
     def backward(self, grad):
         qs, k, v, dropped = self.saved
         weights = self.weights
         scale = 1.0 / math.sqrt(qs.shape[-1])
         need_q, need_k, need_v = self.needs_input_grad[:3]
-        gv = dropped.swapaxes(-1, -2) @ grad if need_v else None
+        gv = kernels.matmul(dropped.swapaxes(-1, -2), grad) if need_v else None
         if not (need_q or need_k):
             return None, None, gv
-        dp = grad @ v.swapaxes(-1, -2)
+        dp = kernels.matmul(grad, v.swapaxes(-1, -2))
         if self.drop_mask is not None:
             dp *= self.drop_mask
-        ds = dp
-        ds -= (dp * weights).sum(axis=-1, keepdims=True)
-        ds *= weights
+        if kernels.fused(weights):
+            ds = kernels.softmax_backward(weights, dp)
+        else:
+            ds = dp
+            ds -= (dp * weights).sum(axis=-1, keepdims=True)
+            ds *= weights
         if self.mask is not None:  # masked scores are constants: a fully masked row's
             ds *= self.mask        # uniform weights must not send gradient to q or k
-        gq = (ds @ k) * scale if need_q else None
-        gk = ds.swapaxes(-1, -2) @ qs if need_k else None
+        gq = kernels.matmul(ds, k) * scale if need_q else None
+        gk = kernels.matmul(ds.swapaxes(-1, -2), qs) if need_k else None
         return gq, gk, gv

@@ -1,0 +1,339 @@
+"""Fused GPU kernels for the hot paths, beside the plain NumPy ops they replace.
+
+The ops in :mod:`tinytf.ops` are written once against ``xp`` and stay plain NumPy code.
+On CuPy each elementwise step of that code is a kernel launch (about 10 us of CPU time)
+and a full pass over memory; the functions here do a whole op in one or two launches,
+computing in float32 whatever the storage type (float32, float16 or bfloat16).
+
+The hook an op uses, with ``fused`` as the only test (see docs/gpu.md for each op)::
+
+    if kernels.fused(x):
+        return kernels.softmax_forward(x, axis)
+    ... the NumPy code, unchanged ...
+
+``fused`` is False for NumPy arrays, for float64 (gradient checks), and when
+``TINYTF_FUSED=0``, so CPU runs never come here. Importing this package never imports
+CuPy; the CUDA source (:mod:`.sources`) is compiled the first time a kernel runs.
+
+Every function returns what the NumPy op computes, to float32 rounding, in the same dtype
+the NumPy op would give, so the op's backward and the rest of the graph do not change.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .. import backend
+from . import _runtime
+from .gemm import matmul, set_tf32, tf32_enabled
+from .sources import ELEMENTWISE_THREADS, ROWS_PER_BLOCK
+
+__all__ = ["fused", "set_enabled", "softmax_forward", "softmax_backward", "layer_norm_forward",
+           "layer_norm_backward", "dropout_forward", "cross_entropy_forward", "relu_forward",
+           "relu_backward", "unscale_", "adam_step", "matmul", "set_tf32", "tf32_enabled",
+           "calls"]
+
+_enabled = os.environ.get("TINYTF_FUSED", "1") != "0"
+
+calls = _runtime.calls
+"""How many times each fused function ran (benchmarks print it to show the hooks are wired)."""
+
+_COLUMN_CHUNK = 256       # rows per block in the layer-norm parameter-gradient sums
+
+
+def set_enabled(flag: bool) -> None:
+    """Turn the fused kernels on or off (default on; ``TINYTF_FUSED=0`` starts off)."""
+    global _enabled
+    _enabled = bool(flag)
+
+
+def fused(*arrays) -> bool:
+    """Whether the fused kernels handle ``arrays``: all CuPy (or None) and float16/bf16/32."""
+    if not _enabled:
+        return False
+    for a in arrays:
+        if a is None:
+            continue
+        # NumPy arrays only while tests run the kernels on the CPU (kernels.host).
+        if backend.get_array_module(a) is np and _runtime._host_executor is None:
+            return False
+        if _runtime.storage(a.dtype) is None:
+            return False
+    return True
+
+
+def _rows_grid(rows: int) -> tuple:
+    return (max(1, -(-rows // ROWS_PER_BLOCK)),), (32 * ROWS_PER_BLOCK,)
+
+
+def _flat_grid(n: int) -> tuple:
+    # Grid-stride loops: a few blocks per multiprocessor is enough to saturate memory.
+    return (max(1, min(-(-n // ELEMENTWISE_THREADS), 4096)),), (ELEMENTWISE_THREADS,)
+
+
+def _promote(*dtypes):
+    """NumPy's promotion among float32/float16/bfloat16: equal types stay, others -> f32."""
+    kinds = {np.dtype(d) for d in dtypes if d is not None}
+    return kinds.pop() if len(kinds) == 1 else np.dtype(np.float32)
+
+
+def _f32(xp, a):
+    return None if a is None else xp.ascontiguousarray(a, dtype=np.float32)
+
+
+# ----- softmax and log-softmax ---------------------------------------------------------
+
+def _mask_view(xp, mask, shape):
+    """``mask`` as a boolean 4-D view broadcast against ``shape`` (stride 0 = broadcast).
+
+    The kernel reads element (b, h, q, k) at b*sb + h*sh + q*sq + k*sk from the view's
+    first element; the view stays alive (and with it the memory) during the launch.
+    """
+    m = xp.asarray(mask)
+    if m.dtype != np.bool_:
+        m = m.astype(np.bool_)
+    m = xp.broadcast_to(m, shape)
+    if m.ndim > 4:  # the kernel splits a row index into at most three axes
+        m = xp.ascontiguousarray(m).reshape(-1, shape[-1])
+    return m.reshape((1,) * (4 - m.ndim) + m.shape)
+
+
+def softmax_forward(x, axis: int = -1, mask=None, log: bool = False):
+    """softmax(x) (or log_softmax with ``log``) along ``axis``.
+
+    ``mask`` (optional, softmax over the last axis only): boolean, broadcastable to x,
+    True = keep. Masked elements get weight exactly 0 and a fully masked row is uniform,
+    as when the NumPy code fills masked scores with the dtype's most negative value.
+    """
+    xp = backend.get_array_module(x)
+    axis = axis % x.ndim
+    if axis != x.ndim - 1:
+        if mask is not None:
+            raise ValueError("kernels: a masked softmax runs over the last axis only")
+        y = softmax_forward(xp.moveaxis(x, axis, -1), -1, None, log)
+        return xp.moveaxis(y, -1, axis)
+    _runtime.count("softmax_forward")
+    xc = xp.ascontiguousarray(x)
+    n = x.shape[-1]
+    rows = x.size // max(n, 1)
+    y = xp.empty_like(xc)
+    if x.size == 0:
+        return y
+    addr, mh, mq, strides = 0, 1, 1, (0, 0, 0, 0)
+    if mask is not None:
+        m = _mask_view(xp, mask, x.shape)
+        addr, mh, mq = _runtime.address(m), m.shape[1], m.shape[2]
+        strides = tuple(s if k > 1 else 0 for s, k in zip(m.strides, m.shape))
+    grid, block = _rows_grid(rows)
+    _runtime.launch("softmax_fwd", [_runtime.storage(x.dtype)], grid, block,
+                    (xc, y, rows, n, addr, mh, mq, *strides, int(log)))
+    return y
+
+
+def softmax_backward(y, grad, axis: int = -1, log: bool = False):
+    """dL/dx from the saved output y: y * (g - sum(g * y)); log: g - exp(y) * sum(g)."""
+    xp = backend.get_array_module(y)
+    axis = axis % y.ndim
+    if axis != y.ndim - 1:
+        gx = softmax_backward(xp.moveaxis(y, axis, -1), xp.moveaxis(grad, axis, -1), -1, log)
+        return xp.moveaxis(gx, -1, axis)
+    _runtime.count("softmax_backward")
+    yc = xp.ascontiguousarray(y)
+    gc = xp.ascontiguousarray(grad, dtype=y.dtype)
+    dx = xp.empty_like(yc)
+    n = y.shape[-1]
+    rows = y.size // max(n, 1)
+    if y.size:
+        grid, block = _rows_grid(rows)
+        _runtime.launch("softmax_bwd", [_runtime.storage(y.dtype)], grid, block,
+                        (yc, gc, dx, rows, n, int(log)))
+    return dx
+
+
+# ----- layer norm ------------------------------------------------------------------------
+
+def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
+    """(y, x_hat, rstd) of layer norm over the last axis; the op saves x_hat and rstd.
+
+    y and x_hat have the dtype NumPy would give x * weight + bias; rstd is float32 of
+    shape (..., 1). The weight and bias are read as float32.
+    """
+    _runtime.count("layer_norm_forward")
+    xp = backend.get_array_module(x)
+    out_dtype = _promote(x.dtype, None if weight is None else weight.dtype,
+                         None if bias is None else bias.dtype)
+    xc = xp.ascontiguousarray(x)
+    d = x.shape[-1]
+    rows = x.size // max(d, 1)
+    w, b = _f32(xp, weight), _f32(xp, bias)
+    y = xp.empty(x.shape, dtype=out_dtype)
+    x_hat = xp.empty(x.shape, dtype=out_dtype)
+    rstd = xp.empty(x.shape[:-1] + (1,), dtype=np.float32)
+    if x.size:
+        grid, block = _rows_grid(rows)
+        _runtime.launch("layer_norm_fwd", [_runtime.storage(x.dtype), _runtime.storage(out_dtype)],
+                        grid, block, (xc, _runtime.address(w), _runtime.address(b), y, x_hat,
+                                      rstd, rows, d, eps))
+    return y, x_hat, rstd
+
+
+def layer_norm_backward(grad, x_hat, rstd, weight=None, need_x=True, need_weight=True,
+                        need_bias=True):
+    """(dx, dweight, dbias) from the saved x_hat and rstd; unneeded ones are None.
+
+    dx = rstd * (dxh - mean(dxh) - x_hat * mean(dxh * x_hat)), dxh = g * w;
+    dweight = sum over rows of g * x_hat, dbias = sum over rows of g.
+    """
+    _runtime.count("layer_norm_backward")
+    xp = backend.get_array_module(x_hat)
+    storage = _runtime.storage(x_hat.dtype)
+    g = xp.ascontiguousarray(grad, dtype=x_hat.dtype)
+    h = xp.ascontiguousarray(x_hat)
+    d = x_hat.shape[-1]
+    rows = x_hat.size // max(d, 1)
+    dx = dw = db = None
+    if need_x:
+        dx = xp.empty_like(h)
+        if rows:
+            w = _f32(xp, weight)
+            r = xp.ascontiguousarray(rstd, dtype=np.float32)
+            grid, block = _rows_grid(rows)
+            _runtime.launch("layer_norm_bwd", [storage], grid, block,
+                            (g, h, r, _runtime.address(w), dx, rows, d))
+    if need_weight or need_bias:
+        chunks = max(1, -(-rows // _COLUMN_CHUNK))
+        dw_part = xp.zeros((chunks, d), dtype=np.float32)
+        db_part = xp.zeros((chunks, d), dtype=np.float32)
+        if rows:
+            _runtime.launch("column_sums", [storage], (-(-d // 32), chunks), (32, 8),
+                            (g, _runtime.address(h), dw_part, db_part, rows, d, _COLUMN_CHUNK))
+        # The parameter gradient has the dtype NumPy gives (g * x_hat).sum(rows).
+        if need_weight:
+            dw = dw_part.sum(axis=0).astype(x_hat.dtype)
+        if need_bias:
+            db = db_part.sum(axis=0).astype(x_hat.dtype)
+    return dx, dw, db
+
+
+# ----- dropout (+ residual) --------------------------------------------------------------
+
+def dropout_forward(x, p: float, residual=None, uniform=None):
+    """(out, mask): mask = (u >= p) / (1 - p) in x's dtype, out = x * mask (+ residual).
+
+    ``u`` is drawn from tinytf's generator (``backend.rng``) unless ``uniform`` (float32,
+    x's shape) is given; the op saves ``mask`` and its backward stays ``grad * mask``.
+    """
+    _runtime.count("dropout_forward")
+    xp = backend.get_array_module(x)
+    if residual is not None and residual.dtype != x.dtype:
+        out, mask = dropout_forward(x, p, None, uniform)
+        return residual + out, mask
+    if uniform is None:
+        uniform = backend.rng(xp).random(x.shape, dtype=np.float32)
+    xc = xp.ascontiguousarray(x)
+    u = xp.ascontiguousarray(uniform, dtype=np.float32)
+    res = None if residual is None else xp.ascontiguousarray(xp.broadcast_to(residual, x.shape))
+    out = xp.empty_like(xc)
+    mask = xp.empty_like(xc)
+    if x.size:
+        grid, block = _flat_grid(x.size)
+        _runtime.launch("dropout_fwd", [_runtime.storage(x.dtype)], grid, block,
+                        (xc, u, _runtime.address(res), out, mask, x.size, p, 1.0 / (1.0 - p)))
+    return out, mask
+
+
+# ----- label-smoothed cross-entropy ------------------------------------------------------
+
+def cross_entropy_forward(logits, target, label_smoothing: float = 0.0, ignore_index=None):
+    """(loss, dlogits, weights) for logits (N, V) and integer targets (N,).
+
+    loss (N,) float32 = -(1-eps) logp[t] - (eps/V) sum_j logp[j], 0 on ignored rows;
+    dlogits (N, V) in the logits' dtype = softmax - eps/V - (1-eps) onehot(t), unweighted,
+    exactly the buffer the NumPy op keeps; weights (N,) float32 = 0 on ignored rows.
+    A target outside [0, V) gives a NaN loss (the NumPy op raises IndexError).
+    """
+    _runtime.count("cross_entropy_forward")
+    xp = backend.get_array_module(logits)
+    n, v = logits.shape
+    x = xp.ascontiguousarray(logits)
+    t = xp.ascontiguousarray(xp.asarray(target), dtype=np.int64)
+    loss = xp.empty(n, dtype=np.float32)
+    weights = xp.empty(n, dtype=np.float32)
+    dlogits = xp.empty_like(x)
+    if n:
+        grid, block = _rows_grid(n)
+        _runtime.launch("xent_fwd", [_runtime.storage(x.dtype)], grid, block,
+                        (x, t, loss, dlogits, weights, n, v, float(label_smoothing),
+                         0 if ignore_index is None else int(ignore_index),
+                         int(ignore_index is not None)))
+    return loss, dlogits, weights
+
+
+# ----- ReLU (+ bias) ---------------------------------------------------------------------
+
+def relu_forward(x, bias=None):
+    """max(x + bias, 0) in x's dtype (bias over the last axis, read as float32)."""
+    _runtime.count("relu_forward")
+    xp = backend.get_array_module(x)
+    xc = xp.ascontiguousarray(x)
+    y = xp.empty_like(xc)
+    if x.size:
+        b = _f32(xp, bias)
+        grid, block = _flat_grid(x.size)
+        _runtime.launch("bias_relu_fwd", [_runtime.storage(x.dtype)], grid, block,
+                        (xc, _runtime.address(b), y, x.size, x.shape[-1]))
+    return y
+
+
+def relu_backward(y, grad):
+    """grad where the saved output y is positive, else 0 (one pass, no bool temporary)."""
+    _runtime.count("relu_backward")
+    xp = backend.get_array_module(y)
+    yc = xp.ascontiguousarray(y)
+    g = xp.ascontiguousarray(grad, dtype=y.dtype)
+    dx = xp.empty_like(yc)
+    if y.size:
+        grid, block = _flat_grid(y.size)
+        _runtime.launch("relu_bwd", [_runtime.storage(y.dtype)], grid, block, (yc, g, dx, y.size))
+    return dx
+
+
+# ----- mixed precision: gradient unscaling and Adam --------------------------------------
+
+def unscale_(grads, scale: float, found_inf=None):
+    """Multiply every gradient by ``scale`` in place; flag inf/NaN in a device int32 (1,).
+
+    Returns the flag array (created when ``found_inf`` is None): nonzero when any gradient
+    held an inf or NaN. Reading it (``bool(flag[0])``) is the step's one host sync.
+    """
+    _runtime.count("unscale_")
+    grads = [g for g in grads if g is not None]
+    xp = backend.get_array_module(grads[0]) if grads else np
+    if found_inf is None:
+        found_inf = xp.zeros(1, dtype=np.int32)
+    for g in grads:
+        if g.size:
+            grid, block = _flat_grid(g.size)
+            _runtime.launch("unscale_check", [_runtime.storage(g.dtype)], grid, block,
+                            (g, g.size, scale, found_inf))
+    return found_inf
+
+
+def adam_step(param, grad, exp_avg, exp_avg_sq, lr: float, betas, eps: float, step: int,
+              grad_scale: float = 1.0, found_inf=None) -> None:
+    """One Adam update in place, as :class:`tinytf.optim.Adam` (float32 param and moments).
+
+    ``grad`` may be float16/bfloat16/float32 and is multiplied by ``grad_scale`` first;
+    with ``found_inf`` (from :func:`unscale_`) set, the kernel changes nothing, so a
+    skipped step costs no host round trip.
+    """
+    _runtime.count("adam_step")
+    b1, b2 = betas
+    if param.size == 0:
+        return
+    grid, block = _flat_grid(param.size)
+    _runtime.launch("adam_step", [_runtime.storage(grad.dtype)], grid, block,
+                    (param, grad, exp_avg, exp_avg_sq, param.size, lr / (1 - b1 ** step), b1, b2,
+                     1.0 / (1 - b2 ** step) ** 0.5, eps, grad_scale,
+                     _runtime.address(found_inf)))
