@@ -1,0 +1,227 @@
+"""train.py and tinytf.trainer: exact resume, CLI smoke run, clear errors, non-finite steps."""
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+from tinytf import checkpoint, trainer
+from tinytf.trainer import TrainConfig, TrainError, apply_overrides
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHIPPED = os.path.join(ROOT, "data", "ende")
+
+# A model small enough that a step takes milliseconds; dropout stays on, so resuming must
+# also reproduce the dropout masks.
+TINY = ["d_model=16", "n_heads=2", "d_ff=32", "n_encoder_layers=1", "n_decoder_layers=1",
+        "dropout=0.1", "max_len=64", "train_max_len=40", "valid_bleu_sentences=4"]
+
+
+def _head(src, dst, n):
+    with open(src, encoding="utf-8") as f:
+        lines = [next(f) for _ in range(n)]
+    with open(dst, "w", encoding="utf-8") as f:
+        f.writelines(lines)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """The first 120 training and 6 dev pairs of the shipped corpus."""
+    d = tmp_path_factory.mktemp("data")
+    for lang in ("en", "de"):
+        _head(os.path.join(SHIPPED, f"train.{lang}"), d / f"train.{lang}", 120)
+        _head(os.path.join(SHIPPED, f"dev.{lang}"), d / f"dev.{lang}", 6)
+    return str(d)
+
+
+def _config(data_dir, out, **kw):
+    cfg = TrainConfig(data=data_dir, out=str(out), vocab_size=300, max_tokens=200,
+                      log_interval=2, save_interval=1000, warmup=4, lr_factor=1.0, seed=3,
+                      **kw)
+    return apply_overrides(cfg, TINY)
+
+
+def _run(cfg):
+    return trainer.Trainer(cfg, log_stream=open(os.devnull, "w")).train()
+
+
+def test_resume_is_bitwise_exact(data_dir, tmp_path):
+    """N steps + resume + N steps == 2N straight steps, parameters and Adam moments bitwise,
+    across an epoch boundary and with gradient accumulation and dropout."""
+    n = 5
+    straight = _run(_config(data_dir, tmp_path / "straight", max_steps=2 * n, update_freq=2))
+    assert straight["steps"] == 2 * n and straight["epoch"] >= 2  # crossed an epoch
+    _run(_config(data_dir, tmp_path / "split", max_steps=n, update_freq=2))
+    resumed = _run(_config(data_dir, tmp_path / "split", max_steps=2 * n, update_freq=2,
+                           resume=True))
+    assert resumed["steps"] == 2 * n
+
+    a = checkpoint.load(tmp_path / "straight" / checkpoint.LAST)
+    b = checkpoint.load(tmp_path / "split" / checkpoint.LAST)
+    assert a.step == b.step == 2 * n
+    assert a.meta["data_state"] == b.meta["data_state"]
+    assert sorted(a.model) == sorted(b.model)
+    for name in a.model:
+        assert a.model[name].tobytes() == b.model[name].tobytes(), name
+    arrays = [k for k, v in a.optim.items() if isinstance(v, np.ndarray)]
+    assert arrays and a.optim["step"] == b.optim["step"] == 2 * n
+    for key in arrays:
+        assert a.optim[key].tobytes() == b.optim[key].tobytes(), key
+    # The split run kept its first checkpoint; the straight one never had one at step n.
+    assert os.path.isfile(tmp_path / "split" / f"checkpoint_{n}.npz")
+
+
+def _train_py(*args, timeout=120):
+    """train.py in a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def _train_main(capsys, *args):
+    """train.py's main() in this process (no interpreter start-up): (status, stdout, stderr)."""
+    spec = importlib.util.spec_from_file_location("train_cli", os.path.join(ROOT, "train.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    capsys.readouterr()
+    code = module.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_smoke_run_prints_json_summary(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    sets = [a for s in TINY for a in ("--set", s)]
+    result = _train_py("--data", data_dir, "--out", str(out), "--max-steps", "4",
+                       "--vocab-size", "300", "--max-tokens", "200", "--log-interval", "2",
+                       "--save-interval", "2", "--keep-last", "1", "--warmup", "2", *sets)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1  # stdout is only the summary; logs go to stderr
+    summary = json.loads(lines[0])
+    for key in ("steps", "train_seconds", "target_tokens", "target_tokens_per_s", "dev_loss",
+                "dev_bleu"):
+        assert key in summary
+    assert summary["steps"] == 4 and summary["target_tokens"] > 0
+    assert np.isfinite(summary["dev_loss"])
+    log = result.stderr
+    for word in ("step 2 |", "epoch", "loss", "ppl", "lr", "gnorm", "tok/s", "elapsed", "eta",
+                 "dev BLEU"):
+        assert word in log, word
+
+    names = sorted(os.listdir(out))
+    assert {"bpe.json", "checkpoint_last.npz", "checkpoint_best.npz", "checkpoint_4.npz",
+            "train.log", "log.jsonl", "training.svg"} <= set(names)
+    assert "checkpoint_2.npz" not in names  # --keep-last 1
+    with np.load(out / "checkpoint_last.npz", allow_pickle=False) as npz:
+        assert any(k.startswith("model/") for k in npz.files)
+        assert any(k.startswith("optim/") for k in npz.files)
+        meta = {k[5:]: json.loads(str(npz[k][()])) for k in npz.files
+                if k.startswith("meta/")}
+    assert meta["step"] == 4
+    assert meta["bpe"]["sha256"] == checkpoint.sha256_file(out / "bpe.json")
+    assert meta["model_config"]["d_model"] == 16 and meta["train_config"]["max_steps"] == 4
+    assert {"epoch", "index"} <= set(meta["data_state"]) and "numpy" in meta["rng_state"]
+    svg = ET.parse(out / "training.svg").getroot()
+    assert svg.tag.endswith("svg") and svg.iter("{http://www.w3.org/2000/svg}polyline")
+
+    # Running again into the same directory without --resume must not overwrite the run.
+    code, _, err = _train_main(capsys, "--data", data_dir, "--out", str(out), "--max-steps",
+                               "4", *sets)
+    assert code == 2 and "already holds a training run" in err and "--resume" in err
+
+
+def test_bad_data_files_are_named(data_dir, tmp_path, capsys):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in os.listdir(data_dir):
+        (bad / name).write_bytes(open(os.path.join(data_dir, name), "rb").read())
+    lines = (bad / "train.de").read_bytes().split(b"\n")
+    (bad / "train.de").write_bytes(b"\n".join(lines[:50]) + b"\n")
+    result = _train_py("--data", str(bad), "--out", str(tmp_path / "r1"), "--max-steps", "1")
+    assert result.returncode == 2
+    assert "train.en" in result.stderr and "line 51" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+    (bad / "train.de").write_bytes(b"\n".join(lines[:9] + [b"Gr\xfc\xdfe"] + lines[10:]))
+    code, _, err = _train_main(capsys, "--data", str(bad), "--out", str(tmp_path / "r2"),
+                               "--max-steps", "1")
+    assert code == 2 and "train.de" in err and "line 10" in err and "UTF-8" in err, err
+
+    (bad / "dev.de").write_bytes(b"")
+    (bad / "train.de").write_bytes(b"\n".join(lines))
+    code, _, err = _train_main(capsys, "--data", str(bad), "--out", str(tmp_path / "r3"),
+                               "--max-steps", "1")
+    assert code == 2 and "dev.de" in err and "empty" in err, err
+
+    os.unlink(bad / "dev.en")
+    code, _, err = _train_main(capsys, "--data", str(bad), "--out", str(tmp_path / "r4"),
+                               "--max-steps", "1")
+    assert code == 2 and "dev.en" in err and "no such file" in err, err
+
+
+def test_unknown_set_key_is_an_error(tmp_path, capsys):
+    code, _, err = _train_main(capsys, "--out", str(tmp_path / "r"), "--set", "d_modle=64")
+    assert code == 2 and "d_modle" in err and "d_model" in err
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(TrainError, match="expected an integer"):
+        apply_overrides(TrainConfig(), ["d_model=big"])
+    with pytest.raises(TrainError, match="key=value"):
+        apply_overrides(TrainConfig(), ["dropout"])
+    cfg = apply_overrides(TrainConfig(), ["pre_norm=true", "dropout=0.3", "train_max_len=50"])
+    assert cfg.model_overrides == {"pre_norm": True, "dropout": 0.3}
+    assert cfg.train_max_len == 50
+    assert TrainConfig().resolved().max_minutes == 10.0  # never unbounded by default
+
+
+def test_non_finite_steps_are_skipped_then_stop(data_dir, tmp_path):
+    cfg = _config(data_dir, tmp_path / "nan", max_steps=20)
+    cfg.max_bad_steps = 3
+    t = trainer.Trainer(cfg, log_stream=open(os.devnull, "w"))
+    t.train_step([next(iter(t.batches))])  # one good update
+    weight = t.model.embed.weight
+    weight.data[5, 0] = np.nan  # a corrupted parameter: every loss is now NaN
+    before = t.model.state_dict()
+    with pytest.raises(TrainError, match="3 updates in a row had a non-finite"):
+        t.train()
+    assert t.step == 1 and t.skipped == 3
+    after = t.model.state_dict()
+    for name in before:  # nothing was updated by the skipped steps
+        np.testing.assert_array_equal(after[name], before[name])
+
+
+def test_resume_refuses_a_different_model(data_dir, tmp_path):
+    _run(_config(data_dir, tmp_path / "r", max_steps=1))
+    cfg = _config(data_dir, tmp_path / "r", max_steps=2, resume=True)
+    cfg.model_overrides["d_ff"] = 64
+    with pytest.raises(TrainError, match="d_ff"):
+        trainer.Trainer(cfg, log_stream=open(os.devnull, "w"))
+    with pytest.raises(TrainError, match="nothing to resume"):
+        trainer.Trainer(_config(data_dir, tmp_path / "empty", resume=True))
+
+
+def test_ctrl_c_saves_a_checkpoint_and_ends_cleanly(data_dir, tmp_path):
+    """SIGINT stops at the next step boundary with a checkpoint and the summary line."""
+    out = tmp_path / "run"
+    sets = [a for s in TINY for a in ("--set", s)]
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "train.py"), "--data", data_dir, "--out", str(out),
+         "--max-steps", "100000", "--vocab-size", "300", "--max-tokens", "200",
+         "--log-interval", "1", *sets],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if line.startswith("step 2 |"):
+                proc.send_signal(signal.SIGINT)
+                break
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["stopped"] == "signal" and 2 <= summary["steps"] < 100000
+    assert checkpoint.load(out / checkpoint.LAST).step == summary["steps"]

@@ -1,0 +1,114 @@
+#!/usr/bin/env python
+"""Train a Transformer (Vaswani et al. 2017) on parallel text: a thin shell over tinytf.trainer.
+
+    python train.py                        # tiny preset, shipped en->de corpus, ~10 min on a CPU
+    python train.py --data DIR --src en --tgt de --out RUNDIR --config base --max-steps 100000
+    python train.py --out RUNDIR --resume  # continue exactly where the run stopped
+    mpirun -n 8 python train.py ...        # data-parallel over MPI ranks (docs/distributed.md)
+
+Log lines go to stderr (and RUNDIR/train.log); stdout gets one JSON line summarising the run.
+See docs/training.md.
+"""
+import argparse
+import json
+import os
+import sys
+
+from tinytf import distributed
+from tinytf.bpe import BPEFileError
+from tinytf.checkpoint import CheckpointError
+from tinytf.data import DataError
+from tinytf.trainer import TrainConfig, TrainError, apply_overrides, train
+
+USER_ERRORS = (TrainError, DataError, CheckpointError, BPEFileError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; options without a default here are filled in per preset
+    (``TrainConfig.resolved``)."""
+    d = TrainConfig()
+    p = argparse.ArgumentParser(
+        prog="train.py", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Without --max-steps and --max-minutes, training stops after 10 minutes.\n"
+               "Per-preset defaults:\n"
+               "  tiny:             --max-tokens 2048 --warmup 100 --lr-factor 0.5 "
+               "--save-interval 100\n"
+               "  small, base, big: --max-tokens 4096 --warmup 4000 --lr-factor 1 "
+               "--save-interval 1000 (the paper's schedule)\n"
+               "See docs/training.md.")
+    p.add_argument("--data", default=d.data, help="directory with train.SRC, train.TGT, "
+                   f"dev.SRC, dev.TGT and optionally test.SRC, test.TGT (default: {d.data})")
+    p.add_argument("--src", default=d.src, help=f"source language suffix (default: {d.src})")
+    p.add_argument("--tgt", default=d.tgt, help=f"target language suffix (default: {d.tgt})")
+    p.add_argument("--out", metavar="RUNDIR", help="run directory: BPE model, checkpoints, "
+                   "logs (default: runs/<name of --data>-<config>, e.g. runs/ende-tiny)")
+    p.add_argument("--config", default=d.config,
+                   help=f"model preset: tiny, small, base, big (default: {d.config})")
+    p.add_argument("--max-tokens", type=int, metavar="N",
+                   help="padded tokens per batch and side, per rank")
+    p.add_argument("--update-freq", type=int, default=d.update_freq, metavar="K",
+                   help="batches accumulated into one update (default: 1)")
+    p.add_argument("--max-steps", type=int, metavar="N",
+                   help="stop after N updates (counting the whole run)")
+    p.add_argument("--max-minutes", type=float, metavar="M",
+                   help="stop after M minutes of this invocation")
+    p.add_argument("--warmup", type=int, metavar="N", help="warm-up updates of the schedule")
+    p.add_argument("--lr-factor", type=float, metavar="F", help="factor of the schedule")
+    p.add_argument("--vocab-size", type=int, metavar="V",
+                   help="joint BPE vocabulary, learnt when RUNDIR has none (default: 8000)")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"(default: {d.seed})")
+    p.add_argument("--resume", action="store_true",
+                   help="continue exactly from RUNDIR/checkpoint_last.npz")
+    p.add_argument("--device", choices=["cpu", "gpu"], default=d.device,
+                   help=f"NumPy or CuPy (default: {d.device})")
+    p.add_argument("--log-interval", type=int, default=d.log_interval, metavar="N",
+                   help=f"steps per log line (default: {d.log_interval})")
+    p.add_argument("--save-interval", type=int, metavar="N", help="steps between checkpoints")
+    p.add_argument("--valid-interval", type=int, metavar="N",
+                   help="steps between validations (default: the save interval)")
+    p.add_argument("--keep-last", type=int, default=d.keep_last, metavar="K",
+                   help=f"numbered checkpoints kept, 0 for all (default: {d.keep_last})")
+    p.add_argument("--clip-norm", type=float, default=d.clip_norm, metavar="X",
+                   help="clip the gradient norm to X (default: 0, no clipping)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model key (dropout=0.3, pre_norm=true, ...) or a training "
+                        "key without its own option (train_max_len, valid_bleu_sentences, "
+                        "test_bleu, max_bad_steps); repeatable")
+    return p
+
+
+def config_from_args(args) -> TrainConfig:
+    """TrainConfig from parsed arguments, with --set applied and every value checked."""
+    cfg = TrainConfig(
+        data=args.data, src=args.src, tgt=args.tgt, out=args.out, config=args.config,
+        max_tokens=args.max_tokens, update_freq=args.update_freq, max_steps=args.max_steps,
+        max_minutes=args.max_minutes, warmup=args.warmup, lr_factor=args.lr_factor,
+        vocab_size=args.vocab_size, seed=args.seed, resume=args.resume, device=args.device,
+        log_interval=args.log_interval, save_interval=args.save_interval,
+        valid_interval=args.valid_interval, keep_last=args.keep_last, clip_norm=args.clip_norm)
+    cfg = apply_overrides(cfg, args.set)
+    return cfg.resolved()
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.device == "gpu":  # read by tinytf.backend and by distributed.init (GPU choice)
+        os.environ["TINYTF_DEVICE"] = "gpu"
+    comm = distributed.init()
+    with comm.guard():
+        try:
+            cfg = config_from_args(args)
+            summary = train(cfg, comm=comm)
+        except USER_ERRORS as e:
+            if comm.size > 1:
+                comm.abort(f"train.py: error: {e}", code=2)
+            print(f"train.py: error: {e}", file=sys.stderr)
+            return 2
+        if comm.is_root:
+            print(json.dumps(summary, sort_keys=True), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
