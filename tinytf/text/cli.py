@@ -1,0 +1,113 @@
+"""Command line: ``python -m tinytf.bpe learn|encode|decode``.
+
+    python -m tinytf.bpe learn --input train.en train.de --vocab-size 8000 --output bpe.json
+    python -m tinytf.bpe encode --model bpe.json [--ids] < text > pieces
+    python -m tinytf.bpe decode --model bpe.json < pieces_or_ids > text
+
+Encoding writes one line per input line: space-separated pieces (or ids with ``--ids``).
+Decoding reads such lines; a line of integers is read as ids (force with --ids / --pieces).
+Lines are split on "\\n" only, so a "\\r" in a line round-trips like any other character.
+"""
+import argparse
+import sys
+import time
+
+
+def _stdin_lines():
+    """Lines of stdin without their "\\n", decoded as UTF-8 (error names the line)."""
+    for line_no, raw in enumerate(sys.stdin.buffer, 1):
+        if raw.endswith(b"\n"):
+            raw = raw[:-1]
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"<stdin>:{line_no}: not valid UTF-8 ({e.reason})") from None
+
+
+def _batches(lines, size=1000):
+    batch = []
+    for line in lines:
+        batch.append(line)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _learn(args):
+    from tinytf.text.bpe import BPE
+    start = time.perf_counter()
+    bpe = BPE.learn(args.input, vocab_size=args.vocab_size, min_frequency=args.min_frequency)
+    bpe.save(args.output)
+    print(f"learned {bpe.vocab_size} pieces ({len(bpe.alphabet)} alphabet symbols, "
+          f"{len(bpe.merges)} merges) from {len(args.input)} file(s) in "
+          f"{time.perf_counter() - start:.1f} s -> {args.output}", file=sys.stderr)
+
+
+def _encode(args):
+    from tinytf.text.bpe import BPE
+    bpe = BPE.load(args.model)
+    out = sys.stdout
+    pieces = bpe.pieces
+    for batch in _batches(_stdin_lines()):
+        for ids in bpe.encode_batch(batch):
+            out.write(" ".join(map(str, ids)) if args.ids else " ".join(pieces[i] for i in ids))
+            out.write("\n")
+
+
+def _decode(args):
+    from tinytf.text.bpe import BPE
+    bpe = BPE.load(args.model)
+    out = sys.stdout
+    for line_no, line in enumerate(_stdin_lines(), 1):
+        tokens = line.split()
+        as_ids = args.ids or (not args.pieces and all(t.isdigit() for t in tokens))
+        try:
+            if as_ids:
+                text = bpe.decode(int(t) for t in tokens)
+            else:
+                text = bpe.decode_pieces(tokens)
+        except ValueError as e:
+            raise ValueError(f"<stdin>:{line_no}: {e}") from None
+        out.write(text)
+        out.write("\n")
+
+
+def build_parser():
+    """The argparse parser of the three subcommands."""
+    parser = argparse.ArgumentParser(prog="python -m tinytf.bpe",
+                                     description="Learn, apply and invert a BPE vocabulary.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("learn", help="learn a joint vocabulary from text files")
+    p.add_argument("--input", nargs="+", required=True, help="UTF-8 text files, one line each")
+    p.add_argument("--vocab-size", type=int, default=8000,
+                   help="pieces in all, 4 special tokens and 256 bytes included (8000)")
+    p.add_argument("--min-frequency", type=int, default=2,
+                   help="stop when the best pair is rarer than this (2)")
+    p.add_argument("--output", required=True, help="model file to write (JSON)")
+    p.set_defaults(run=_learn)
+    p = sub.add_parser("encode", help="text on stdin -> pieces (or ids) on stdout")
+    p.add_argument("--model", required=True)
+    p.add_argument("--ids", action="store_true", help="write ids instead of pieces")
+    p.set_defaults(run=_encode)
+    p = sub.add_parser("decode", help="pieces or ids on stdin -> text on stdout")
+    p.add_argument("--model", required=True)
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--ids", action="store_true", help="the input is ids")
+    kind.add_argument("--pieces", action="store_true", help="the input is pieces")
+    p.set_defaults(run=_decode)
+    return parser
+
+
+def main(argv=None):
+    """Run the command line; returns the exit status (errors go to stderr, no traceback)."""
+    args = build_parser().parse_args(argv)
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(encoding="utf-8", newline="\n")
+    try:
+        args.run(args)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,235 @@
+"""Learning BPE merges: word counting and the incremental merge loop.
+
+The merge loop is the fast algorithm of subword-nmt's ``learn_bpe.py`` (Sennrich et al., 2016)
+and HuggingFace tokenizers' ``BpeTrainer``, not a full recount per merge:
+
+* ``counts[pair]`` = sum of the frequencies of the words that contain the pair, per occurrence;
+* ``where[pair]`` = the words that contain (or once contained) the pair;
+* a heap of ``(-count, left, right)``. A pair's count only *falls* once it exists (only pairs
+  with the piece just made are new, and they are pushed after each merge), so a popped entry
+  whose count is stale is pushed back with its true count, and the first entry popped with an
+  up-to-date count is the true best pair (a "lazy" heap).
+
+A merge touches only the words listed in ``where[pair]``, and in each only the neighbours of
+the merged occurrences: ``x a b y -> x ab y`` removes ``(x, a)`` and ``(b, y)`` and adds
+``(x, ab)`` and ``(ab, y)``.
+
+Ties are broken deterministically: the highest count wins, then the pair whose left piece, then
+right piece, sorts first (Python string order). The same input always gives the same merges.
+A pair whose merged string already is a piece (possible only in odd cases) is never merged, so
+every merge makes a new piece and pieces stay unique.
+"""
+import heapq
+import os
+from collections import Counter, defaultdict
+
+from tinytf.text.pretokenize import LINE_START, PRETOKEN, can_be_piece, initial_units, show
+
+SHIFT = 24  # a pair of symbol ids (a, b) is the int key (a << SHIFT) | b: faster than a tuple
+MASK = (1 << SHIFT) - 1
+MAX_SYMBOLS = 1 << SHIFT
+
+
+def count_words_in_text(text, counter):
+    """Add the pre-tokens of a block of lines to `counter` ("\n" tokens included).
+
+    Each non-empty line gets the dummy-prefix space, as `pretokenize` gives a single line.
+    Fast path, as in encoding (`tinytf.text.encode`): when the lines hold no whitespace but
+    single spaces between non-spaces, count the space-separated chunks in C and cut only each
+    distinct chunk with the regex.
+    """
+    if text.endswith("\n"):
+        text = text[:-1]
+    flat = text.replace("\n", " ")
+    if flat and flat.isprintable() and "  " not in flat and flat[0] != " " != flat[-1]:
+        for chunk, count in Counter(flat.split(" ")).items():
+            if chunk.isalpha():
+                counter[" " + chunk] += count
+            else:
+                for word in PRETOKEN.findall(" " + chunk):
+                    counter[word] += count
+    else:
+        counter.update(PRETOKEN.findall(LINE_START.sub(" ", text)))
+
+
+def count_words_in_file(path, counter, block_bytes=1 << 22):
+    """Count the pre-tokens of a UTF-8 text file, read in blocks of whole lines.
+
+    Raises ValueError naming the file and line if the file is not valid UTF-8.
+    """
+    line_no = 0
+    with open(path, "rb") as f:
+        while True:
+            lines = f.readlines(block_bytes)
+            if not lines:
+                break
+            data = b"".join(lines)
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                bad_line = line_no + data.count(b"\n", 0, e.start) + 1
+                raise ValueError(f"{path}:{bad_line}: not valid UTF-8 ({e.reason})") from None
+            if line_no == 0 and text.startswith("\ufeff"):
+                text = text[1:]  # a byte-order mark is not text
+            if "\r" in text:
+                text = text.replace("\r\n", "\n")  # as Python's universal newlines would
+            line_no += len(lines)
+            count_words_in_text(text, counter)
+
+
+def count_words(inputs):
+    """Pre-token frequencies of files (list of paths) or of an iterable of lines."""
+    counter = Counter()
+    paths = as_paths(inputs)
+    if paths is not None:
+        for path in paths:
+            count_words_in_file(path, counter)
+    else:
+        block = []
+        for line in inputs:
+            if not isinstance(line, str):
+                raise TypeError(f"BPE.learn: lines must be str, got {type(line).__name__}")
+            block.append(line[:-1] if line.endswith("\n") else line)
+            if len(block) == 10000:
+                count_words_in_text("\n".join(block), counter)
+                block.clear()
+        count_words_in_text("\n".join(block), counter)
+    counter.pop("\n", None)  # line ends are not part of the lines
+    return counter
+
+
+def as_paths(inputs):
+    """`inputs` as a list of file paths, or None if it is an iterable of lines.
+
+    A str or path-like object is one file. A list or tuple is a list of files if its first
+    item is path-like or names an existing file; anything else is read as lines of text.
+    """
+    if isinstance(inputs, (str, os.PathLike)):
+        return [inputs]
+    if isinstance(inputs, (list, tuple)) and inputs:
+        first = inputs[0]
+        if isinstance(first, os.PathLike) or (
+                isinstance(first, str) and "\n" not in first and os.path.isfile(first)):
+            return list(inputs)
+    return None
+
+
+def learn_bpe(inputs, vocab_size, min_frequency, first_id):
+    """Learn ``(alphabet, merges)`` from files or lines; see `tinytf.text.bpe.BPE.learn`.
+
+    first_id: the id of the first alphabet symbol (ids below are special tokens and bytes).
+    alphabet: piece strings, most frequent first; merges: (left, right) piece strings in order.
+    """
+    word_counts = count_words(inputs)
+    word_units = [initial_units(word) for word in word_counts]
+    unit_counts = Counter()
+    for units, count in zip(word_units, word_counts.values()):
+        for unit in units:
+            unit_counts[unit] += count
+    # The alphabet: every initial symbol that may be a piece, most frequent first (ties: string
+    # order), cut to the budget; the lone space always (for runs of spaces). The rest is
+    # spelled in bytes and never merged.
+    unit_counts[" "] += 0
+    units = sorted((u for u in unit_counts if all(map(can_be_piece, u))),
+                   key=lambda u: (-unit_counts[u], show(u)))[:vocab_size - first_id]
+    pieces = [None] * first_id + [show(u) for u in units]
+    unit_ids = {u: first_id + i for i, u in enumerate(units)}
+    words, freqs = [], []
+    for units, count in zip(word_units, word_counts.values()):
+        ids = list(map(unit_ids.get, units))
+        if None in ids:  # a byte-spelled symbol cuts the word: bytes are never merged
+            segment = []
+            for i in ids + [None]:
+                if i is not None:
+                    segment.append(i)
+                    continue
+                if len(segment) > 1:
+                    words.append(segment)
+                    freqs.append(count)
+                segment = []
+        elif len(ids) > 1:
+            words.append(ids)
+            freqs.append(count)
+    alphabet = pieces[first_id:]
+    piece_ids = {p: i for i, p in enumerate(pieces) if p is not None}
+    merges = learn_merges(words, freqs, pieces, piece_ids, vocab_size, min_frequency)
+    return alphabet, [(pieces[a], pieces[b]) for a, b in merges]
+
+
+def learn_merges(words, freqs, pieces, piece_ids, vocab_size, min_frequency):
+    """Greedily merge the most frequent adjacent pair until `pieces` holds `vocab_size` pieces.
+
+    words: list of lists of symbol ids (changed in place); freqs: their counts; pieces: list of
+    piece strings by id (appended to); piece_ids: piece string -> id (updated). Stops early when
+    the best pair occurs fewer than `min_frequency` times. Returns the merges as id pairs, in
+    order. A pair whose merged string already is a piece is skipped (never merged).
+    """
+    counts = defaultdict(int)
+    where = defaultdict(list)
+    for idx, word in enumerate(words):
+        f = freqs[idx]
+        for a, b in zip(word, word[1:]):
+            key = (a << SHIFT) | b
+            counts[key] += f
+            where[key].append(idx)
+
+    heap = [(-c, pieces[k >> SHIFT], pieces[k & MASK], k)
+            for k, c in counts.items() if c >= min_frequency]
+    heapq.heapify(heap)
+    merges = []
+    last_merge = [0] * len(words)  # the merge that last rewrote word i: skips repeats in where
+    while heap and len(pieces) < vocab_size:
+        neg_count, left, right, key = heapq.heappop(heap)
+        count = counts.get(key, 0)
+        if count != -neg_count:  # stale entry: put it back with its true count
+            if count >= min_frequency:
+                heapq.heappush(heap, (-count, left, right, key))
+            continue
+        if left + right in piece_ids:  # would repeat a piece: never merge this pair
+            continue
+        a, b = key >> SHIFT, key & MASK
+        new = len(pieces)
+        if new >= MAX_SYMBOLS:
+            raise ValueError(f"BPE.learn: more than {MAX_SYMBOLS} pieces")
+        pieces.append(left + right)
+        piece_ids[left + right] = new
+        merges.append((a, b))
+        step = len(merges)
+        grown = set()  # the new pairs (with the new piece); they go into the heap
+        for idx in where.pop(key):
+            if last_merge[idx] == step:
+                continue
+            last_merge[idx] = step
+            word = words[idx]
+            left_count = word.count(a)  # occurrences of `a` still to look at (index, no raise)
+            f = freqs[idx]
+            i = 0
+            while left_count:
+                i = word.index(a, i)
+                left_count -= 1
+                if i + 1 < len(word) and word[i + 1] == b:
+                    if i > 0:  # x a b -> x ab
+                        x = word[i - 1]
+                        counts[(x << SHIFT) | a] -= f
+                        k = (x << SHIFT) | new
+                        counts[k] += f
+                        where[k].append(idx)
+                        grown.add(k)
+                    if i + 2 < len(word):  # a b y -> ab y
+                        y = word[i + 2]
+                        counts[(b << SHIFT) | y] -= f
+                        k = (new << SHIFT) | y
+                        counts[k] += f
+                        where[k].append(idx)
+                        grown.add(k)
+                    word[i] = new
+                    del word[i + 1]
+                    if a == b:  # the merged b was one of the a's: "a a a" -> "aa a"
+                        left_count -= 1
+                i += 1
+        del counts[key]  # every occurrence was merged
+        for k in grown:
+            c = counts[k]
+            if c >= min_frequency:
+                heapq.heappush(heap, (-c, pieces[k >> SHIFT], pieces[k & MASK], k))
+    return merges
