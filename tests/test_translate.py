@@ -1,0 +1,317 @@
+"""Tests for tinytf.translation and translate.py on a tiny randomly initialised model.
+
+The module fixture builds a real run directory: a small BPE learned on a few hundred lines of
+data/ende/train.*, a 2+2-layer model saved as three numbered checkpoints (different weights, for
+``--average``) with its config and BPE file in the metadata, as train.py writes them.
+"""
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tinytf
+from tinytf import checkpoint
+from tinytf.bpe import BPE, EOS_ID
+from tinytf.search import beam_search, greedy_search
+from tinytf.translation import (
+    PrefixState, SearchOptions, TranslationError, Translator, full_prefix_step, make_batches,
+    one_line, pad_sources, read_text_lines)
+from tinytf.transformer import Transformer, TransformerConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "data" / "ende"
+MAX_LEN = 128  # model positions: a source of more than 127 tokens is truncated
+OPTIONS = SearchOptions(beam_size=4, alpha=0.6, max_len_a=0.25, max_len_b=4)
+
+
+def first_lines(path, n):
+    return read_text_lines(str(path))[:n]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    run = tmp_path_factory.mktemp("run")
+    bpe = BPE.learn(first_lines(DATA / "train.en", 300) + first_lines(DATA / "train.de", 300),
+                    vocab_size=400)
+    bpe.save(str(run / "bpe.json"))
+    tinytf.manual_seed(1234)
+    config = TransformerConfig(vocab_size=len(bpe), d_model=32, n_heads=4, d_ff=64,
+                               n_encoder_layers=2, n_decoder_layers=2, dropout=0.0,
+                               max_len=MAX_LEN)
+    model = Transformer(config)
+    manager = checkpoint.CheckpointManager(str(run), keep_last=5)
+    meta = {"model_config": config.to_dict(),
+            "bpe": {"file": "bpe.json", "sha256": checkpoint.sha256_file(run / "bpe.json")}}
+    rng = np.random.default_rng(0)
+    for step in (100, 200, 300):
+        state = {k: v + rng.standard_normal(v.shape).astype(np.float32) * 0.05
+                 for k, v in model.state_dict().items()}
+        manager.save(step, state, None, meta)
+    return run
+
+
+@pytest.fixture(scope="module")
+def translator(run_dir):
+    return Translator.load(str(run_dir))
+
+
+@pytest.fixture(scope="module")
+def test_lines():
+    return first_lines(DATA / "test.en", 16)
+
+
+def run_cli(*args, stdin=None):
+    return subprocess.run([sys.executable, str(ROOT / "translate.py"), *map(str, args)],
+                          input=stdin, capture_output=True, cwd=ROOT, timeout=300)
+
+
+# ------------------------------------------------------------------ incremental decoding
+
+
+def test_incremental_log_probs_equal_full_prefix(translator, test_lines):
+    """decode_step with the caches == decode over the whole prefix, including after select."""
+    model = translator.model
+    sources = translator.encode_lines(test_lines[:5])
+    src = pad_sources(sources)  # different lengths: real padding in the batch
+    rng = np.random.default_rng(0)
+    with tinytf.no_grad():
+        memory = model.encode(src)
+        cached = model.start_decoding(memory, src)
+        full = PrefixState(memory, src)
+        full_step = full_prefix_step(model)
+        tokens = np.full(len(src), 1)
+        for t in range(8):
+            a = model.decode_step(tokens, cached)
+            b = full_step(tokens, full)
+            np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+            assert a.dtype == np.float32
+            rows = rng.integers(0, len(src), size=len(src))  # reorder and repeat, as the beam does
+            cached, full = cached.select(rows), full.select(rows)
+            tokens = rng.integers(4, model.config.vocab_size, size=len(src))
+
+
+def encoded_batch(translator, lines):
+    """(model, padded source ids, max output lengths, encoder output) of ``lines``."""
+    sources = translator.encode_lines(lines)
+    src = pad_sources(sources)
+    with tinytf.no_grad():
+        memory = translator.model.encode(src)
+    max_lens = translator.max_output_lens([len(s) for s in sources], OPTIONS)
+    return translator.model, src, max_lens, memory
+
+
+def test_beam_search_with_cache_equals_without(translator, test_lines):
+    model, src, max_lens, memory = encoded_batch(translator, test_lines[:6])
+    with tinytf.no_grad():
+        cached = beam_search(model.decode_step, model.start_decoding(memory, src), len(src),
+                             max_lens, beam_size=4, nbest=2)
+        full = beam_search(full_prefix_step(model), PrefixState(memory, src), len(src),
+                           max_lens, beam_size=4, nbest=2)
+    assert [[h.tokens for h in n] for n in cached] == [[h.tokens for h in n] for n in full]
+    for a, b in zip(cached, full):
+        np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-4)
+
+
+# ------------------------------------------------------------------ search on the real model
+
+
+def test_beam_one_equals_greedy_on_model(translator, test_lines):
+    model, src, max_lens, memory = encoded_batch(translator, test_lines[:8])
+    with tinytf.no_grad():
+        greedy = greedy_search(model.decode_step, model.start_decoding(memory, src), len(src),
+                               max_lens, banned_ids=(0, 1, 3))
+        beam = beam_search(model.decode_step, model.start_decoding(memory, src), len(src),
+                           max_lens, beam_size=1, alpha=0.6, banned_ids=(0, 1, 3))
+    assert [g.tokens for g in greedy] == [b[0].tokens for b in beam]
+    assert [g.log_prob for g in greedy] == [b[0].log_prob for b in beam]
+
+
+def test_output_does_not_depend_on_batch_or_position(translator, test_lines):
+    """Batch sizes 1, 3, 64 and a token budget, in order and shuffled: identical translations."""
+    lines = test_lines + [""] + test_lines[:3]  # repeats sit in other batches and positions
+    expected = [n[0][0] for n in translator.translate_lines(lines, OPTIONS, batch_size=1)]
+    assert expected[-3:] == expected[:3]
+    for kwargs in (dict(batch_size=3), dict(batch_size=64), dict(max_tokens=50)):
+        got = [n[0][0] for n in translator.translate_lines(lines, OPTIONS, **kwargs)]
+        assert got == expected, kwargs
+    order = np.random.default_rng(1).permutation(len(lines))
+    shuffled = translator.translate_lines([lines[i] for i in order], OPTIONS, batch_size=64)
+    assert [shuffled[j][0][0] for j in np.argsort(order)] == expected
+
+
+def test_max_output_length(translator):
+    opts = SearchOptions(max_len_a=1.0, max_len_b=50)
+    assert translator.max_output_lens([0, 3, 100], opts).tolist() == [50, 53, 127]  # 127: cap
+    opts = SearchOptions(max_len_a=0.5, max_len_b=2)
+    assert translator.max_output_lens([0, 3, 10], opts).tolist() == [2, 3, 7]
+    nbest = translator.translate_ids([[300, 301, 302]], SearchOptions(beam_size=2, max_len_a=0,
+                                                                      max_len_b=3))
+    assert len(nbest[0][0].tokens) <= 3
+
+
+# ------------------------------------------------------------------ text handling
+
+
+def test_read_text_lines_splits_only_at_newline(tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_bytes("\ufeffa\u2028b\r\n\x0cc\x85\n\n  \nlast".encode())
+    assert read_text_lines(str(path)) == ["a\u2028b", "\x0cc\x85", "", "  ", "last"]
+    path.write_bytes(b"one\n")
+    assert read_text_lines(str(path)) == ["one"]
+    path.write_bytes(b"")
+    assert read_text_lines(str(path)) == []
+
+
+def test_read_text_lines_invalid_utf8(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"fine\nalso fine\nbad \xff byte\n")
+    with pytest.raises(TranslationError, match=r"bad\.txt: line 3: invalid UTF-8"):
+        read_text_lines(str(path))
+    assert read_text_lines(str(path), errors="replace")[2] == "bad \ufffd byte"
+
+
+def test_one_line():
+    assert one_line("a\nb\rc\u2028d\x85e\x0bf\x0cg") == "a b c d e f g"
+    assert one_line("x\ud800y") == "x\ufffdy"
+    assert one_line("tab\tstays") == "tab\tstays"
+
+
+def test_make_batches():
+    lengths = [5, 1, 9, 3, 3, 7]
+    batches = make_batches(lengths, batch_size=2)
+    assert [b.tolist() for b in batches] == [[1, 3], [4, 0], [5, 2]]
+    batches = make_batches(lengths, max_tokens=10)
+    assert all(len(b) * max(lengths[i] for i in b) <= 10 or len(b) == 1 for b in batches)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(6))
+    assert make_batches([], batch_size=4) == []
+
+
+def test_long_line_is_truncated_with_warning(translator):
+    warnings = []
+    translator.warn = warnings.append
+    try:
+        sources = translator.encode_lines(["short", "word " * 300], name="f.txt")
+    finally:
+        translator.warn = lambda m: print(m, file=sys.stderr)
+    assert len(sources[1]) == MAX_LEN - 1
+    assert len(warnings) == 1 and "f.txt: line 2" in warnings[0]
+
+
+# ------------------------------------------------------------------ the command line
+
+
+AWKWARD = [
+    "A normal sentence about the weather.",
+    "",
+    "   \t  ",
+    "word " * 300,                               # longer than the model's positions
+    "control \x01\x02\x07\x1b[31m characters \x7f",
+    "tabs\tin\tthe\tmiddle",
+    "emoji 😀🎉👍🏽 and a flag 🇩🇪",
+    "mixed scripts: Привет мир, こんにちは世界, مرحبا, नमस्ते, ελληνικά",
+    "line\u2028separator, form\x0cfeed, next\x85line, \u202eright-to-left\u202c",
+    "combining \u0301 mark first, zero\u200bwidth, nul \x00 byte",
+    "A normal sentence about the weather.",
+    "",
+]
+
+
+def test_cli_awkward_inputs_keep_line_count_and_order(run_dir, translator, tmp_path):
+    src = tmp_path / "awkward.txt"
+    src.write_bytes("\n".join(AWKWARD).encode() + b"\n")
+    out = tmp_path / "out.txt"
+    proc = run_cli("--model", run_dir, "--input", src, "--output", out, "--beam", 3,
+                   "--max-len-a", 0.25, "--max-len-b", 4, "--batch-size", 5)
+    assert proc.returncode == 0, proc.stderr.decode()
+    got = out.read_bytes().decode("utf-8").split("\n")
+    assert got[-1] == "" and len(got) - 1 == len(AWKWARD)
+    got = got[:-1]
+    assert got[1] == got[2] == got[11] == ""
+    assert got[0] == got[10]
+    stderr = proc.stderr.decode()
+    assert "awkward.txt: line 4:" in stderr and "truncated" in stderr
+    assert "sentences/s" in stderr
+    # Order: every line equals its translation decoded alone.
+    opts = SearchOptions(beam_size=3, alpha=0.6, max_len_a=0.25, max_len_b=4)
+    for line, text in zip(AWKWARD, got):
+        alone = translator.translate_lines([line], opts, batch_size=1)[0][0][0]
+        assert text == alone
+
+
+def test_cli_stdin_stdout_and_batch_sizes(run_dir, test_lines):
+    data = ("\n".join(test_lines[:10]) + "\n").encode()
+    outs = []
+    for size in ("1", "3", "64"):
+        proc = run_cli("--model", run_dir, "--batch-size", size, "--max-len-b", 4, "--quiet",
+                       stdin=data)
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert b"sentences" not in proc.stderr  # --quiet: no progress, no summary
+        outs.append(proc.stdout)
+    assert outs[0] == outs[1] == outs[2]
+    assert outs[0].count(b"\n") == 10
+
+
+def test_cli_invalid_utf8(run_dir, tmp_path):
+    src = tmp_path / "bad.txt"
+    src.write_bytes(b"good line\n\xc3\x28 broken\nanother\n")
+    proc = run_cli("--model", run_dir, "--input", src, "--max-len-b", 3)
+    assert proc.returncode == 1
+    assert "bad.txt: line 2: invalid UTF-8" in proc.stderr.decode()
+    assert proc.stdout == b""
+    proc = run_cli("--model", run_dir, "--input", src, "--max-len-b", 3, "--errors", "replace")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.count(b"\n") == 3
+
+
+def test_cli_reference_nbest_average_and_attention(run_dir, test_lines, tmp_path):
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("\n".join(test_lines[:4] + [""]) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(first_lines(DATA / "test.de", 4) + [""]) + "\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    svg_dir = tmp_path / "svg"
+    proc = run_cli("--model", run_dir, "--input", src, "--output", out, "--max-len-b", 4,
+                   "--reference", ref, "--average", 3, "--print-attention", svg_dir)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert "BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in proc.stdout.decode()
+    assert out.read_text(encoding="utf-8").count("\n") == 5
+    svgs = sorted(os.listdir(svg_dir))
+    assert svgs == ["line_1.svg", "line_2.svg", "line_3.svg", "line_4.svg"]
+    root = ET.parse(svg_dir / "line_1.svg").getroot()
+    assert root.tag.endswith("svg")
+
+    proc = run_cli("--model", run_dir, "--input", src, "--max-len-b", 4, "--nbest", 3,
+                   "--beam", 3, "--quiet")
+    assert proc.returncode == 0, proc.stderr.decode()
+    rows = [r.split(" ||| ") for r in proc.stdout.decode().strip("\n").split("\n")]
+    assert [int(r[0]) for r in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4]
+    scores = [float(r[2]) for r in rows[:3]]
+    assert scores == sorted(scores, reverse=True)
+
+    for bad_args, message in [(("--average", 4), "needs 4 numbered checkpoints"),
+                              (("--reference", src.parent / "nope"), "cannot read"),
+                              (("--model", tmp_path / "none"), "no such checkpoint")]:
+        args = ["--model", run_dir, "--input", src, *bad_args]
+        proc = run_cli(*args)
+        assert proc.returncode == 1 and message in proc.stderr.decode(), proc.stderr.decode()
+
+
+def test_average_is_the_mean_of_the_checkpoints(run_dir):
+    averaged = Translator.load(str(run_dir), average=3).model.state_dict()
+    paths = checkpoint.list_checkpoints(str(run_dir))
+    states = [checkpoint.load(p).model for p in paths]
+    for name, value in averaged.items():
+        np.testing.assert_allclose(value, np.mean([s[name] for s in states], axis=0), atol=1e-6)
+
+
+def test_attention_weights_are_distributions(translator):
+    from tinytf.attention_svg import cross_attention_weights
+
+    src = translator.bpe.encode("A small test.") + [EOS_ID]
+    weights = cross_attention_weights(translator.model, src, [300, 301, 302])
+    assert weights.shape == (2, 4, 4, len(src)) and weights.dtype == np.float32
+    np.testing.assert_allclose(weights.sum(axis=-1), 1.0, atol=1e-5)
