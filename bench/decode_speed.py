@@ -1,0 +1,169 @@
+"""Decoding speed: tinytf's batched beam search vs PyTorch with a key/value cache, and what the
+cache saves over recomputing the whole prefix at every step.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/decode_speed.py [--model RUNDIR]
+
+Without ``--model`` it learns an 8k BPE on data/ende/train.* and decodes with a randomly
+initialised model of the ``tiny`` preset (a random model rarely says ``</s>``, so most sentences
+run to the maximum length, source + 50: a worst case for the search). Both implementations get
+the same weights, the same length-sorted batches and the same search rules (beam 4, alpha 0.6),
+so they take the same steps; the script also reports how often their outputs agree. Figures go
+into docs/benchmarks.md ("Decoding speed").
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="a trained run directory or checkpoint")
+    p.add_argument("--preset", default="tiny", help="model size without --model")
+    p.add_argument("--vocab", type=int, default=8000, help="BPE size without --model")
+    p.add_argument("--sentences", type=int, default=1000, help="first N lines of test.en")
+    p.add_argument("--recompute-sentences", type=int, default=64,
+                   help="sentences for the cache vs full-recomputation comparison")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--alpha", type=float, default=0.6)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2, help="BLAS / torch threads for both")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch run")
+    return p.parse_args(argv)
+
+
+ARGS = parse_args() if __name__ == "__main__" else None
+if ARGS is not None:
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(ARGS.threads)  # must precede the BLAS libraries' loading
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import tinytf  # noqa: E402
+from tinytf.bpe import BPE  # noqa: E402
+from tinytf.search import beam_search  # noqa: E402
+from tinytf.translation import (  # noqa: E402
+    PrefixState, SearchOptions, Translator, full_prefix_step, make_batches, pad_sources,
+    read_text_lines)
+from tinytf.transformer import Transformer, TransformerConfig  # noqa: E402
+
+DATA = os.path.join(ROOT, "data", "ende")
+
+
+def build_translator(args) -> Translator:
+    if args.model:
+        return Translator.load(args.model)
+    bpe = BPE.learn([os.path.join(DATA, "train.en"), os.path.join(DATA, "train.de")],
+                    vocab_size=args.vocab)
+    tinytf.manual_seed(args.seed)
+    config = TransformerConfig.preset(args.preset, vocab_size=len(bpe), dropout=0.0)
+    return Translator(Transformer(config), bpe)
+
+
+def decode_tinytf(translator, sources, options, step="cache"):
+    """Best token lists for one batch, with the cached decoder or full recomputation."""
+    model = translator.model
+    src = pad_sources(sources)
+    max_lens = translator.max_output_lens([len(s) for s in sources], options)
+    with tinytf.no_grad():
+        memory = model.encode(src)
+        if step == "cache":
+            fn, state = model.decode_step, model.start_decoding(memory, src)
+        else:
+            fn, state = full_prefix_step(model), PrefixState(memory, src)
+        results = beam_search(fn, state, len(sources), max_lens, beam_size=options.beam_size,
+                              alpha=options.alpha, banned_ids=(0, 1, 3))
+    return [list(nbest[0].tokens) for nbest in results]
+
+
+def decode_torch(decoder, translator, sources, options):
+    """The same batch with bench/torch_decode.py."""
+    import torch
+
+    from torch_decode import torch_beam_search
+
+    src = torch.from_numpy(pad_sources(sources))
+    max_lens = translator.max_output_lens([len(s) for s in sources], options)
+    return torch_beam_search(decoder, src, max_lens, options.beam_size, options.alpha)
+
+
+def race(contestants, sources, batches):
+    """Run every contestant on every batch, alternating per batch so that both see the same
+    machine load; returns {name: (outputs in input order, wall seconds, CPU seconds)}."""
+    outputs = {name: [None] * len(sources) for name in contestants}
+    wall = dict.fromkeys(contestants, 0.0)
+    cpu = dict.fromkeys(contestants, 0.0)
+    for batch in batches:
+        for name, fn in contestants.items():
+            w, c = time.perf_counter(), time.process_time()
+            result = fn([sources[i] for i in batch])
+            wall[name] += time.perf_counter() - w
+            cpu[name] += time.process_time() - c
+            for i, toks in zip(batch, result):
+                outputs[name][i] = toks
+    return {name: (outputs[name], wall[name], cpu[name]) for name in contestants}
+
+
+def main(args):
+    translator = build_translator(args)
+    config = translator.model.config
+    options = SearchOptions(beam_size=args.beam, alpha=args.alpha)
+    lines = read_text_lines(os.path.join(DATA, "test.en"))[: args.sentences]
+    sources = [s for s in translator.encode_lines(lines, "test.en") if s]
+    batches = make_batches([len(s) for s in sources], batch_size=args.batch_size)
+    print(f"model: {'trained ' + args.model if args.model else 'random ' + args.preset} "
+          f"(d_model={config.d_model}, layers={config.n_encoder_layers}+{config.n_decoder_layers},"
+          f" vocab={config.vocab_size}); {len(sources)} sentences, beam {args.beam}, "
+          f"batch {args.batch_size}", flush=True)
+    print(f"python {platform.python_version()}, numpy {np.__version__}, "
+          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}, "
+          f"{args.threads} threads", flush=True)
+
+    contestants = {"tinytf": lambda b: decode_tinytf(translator, b, options)}
+    if not args.no_torch:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        from torch_decode import TorchIncrementalDecoder
+        from torch_transformer import TorchTransformer, load_tinytf_state
+
+        tmodel = TorchTransformer(config)
+        load_tinytf_state(tmodel, translator.model.state_dict())
+        decoder = TorchIncrementalDecoder(tmodel)
+        contestants["torch"] = lambda b: decode_torch(decoder, translator, b, options)
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+    race(contestants, sources[:8], [np.arange(8)])  # warm-up
+    res = race(contestants, sources, batches)
+    ours, t_ours, c_ours = res["tinytf"]
+    print(f"tinytf, cache: {len(sources) / t_ours:7.2f} sentences/s ({t_ours:.1f} s wall, "
+          f"{c_ours:.1f} s CPU; mean output {np.mean([len(t) for t in ours]):.1f} tokens)")
+    if "torch" in res:
+        theirs, t_torch, c_torch = res["torch"]
+        agree = np.mean([a == b for a, b in zip(ours, theirs)])
+        print(f"torch,  cache: {len(sources) / t_torch:7.2f} sentences/s ({t_torch:.1f} s wall, "
+              f"{c_torch:.1f} s CPU)")
+        print(f"tinytf / torch speed: {t_torch / t_ours:.2f}x wall, {c_torch / c_ours:.2f}x CPU;"
+              f" identical outputs: {agree:.1%}", flush=True)
+
+    sub = sources[: args.recompute_sentences]
+    sub_batches = make_batches([len(s) for s in sub], batch_size=args.batch_size)
+    res = race({"cache": lambda b: decode_tinytf(translator, b, options),
+                "full": lambda b: decode_tinytf(translator, b, options, step="full")},
+               sub, sub_batches)
+    (cached, t_cache, c_cache), (full, t_full, c_full) = res["cache"], res["full"]
+    print(f"first {len(sub)} sentences: cache {t_cache:.1f} s, full recomputation {t_full:.1f} s"
+          f" wall -> cache speed-up {t_full / t_cache:.1f}x wall, {c_full / c_cache:.1f}x CPU; "
+          f"identical outputs: {np.mean([a == b for a, b in zip(cached, full)]):.1%}", flush=True)
+
+
+if __name__ == "__main__":
+    main(ARGS)
