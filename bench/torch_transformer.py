@@ -128,7 +128,7 @@ class Stack(nn.Module):
 
 
 class TorchTransformer(nn.Module):
-    """Section-3 Transformer; ``config`` is a tinytf TransformerConfig (or any object with its fields)."""
+    """The section-3 Transformer; ``c`` is a tinytf TransformerConfig (or has its fields)."""
 
     def __init__(self, c, sdpa=True):
         super().__init__()

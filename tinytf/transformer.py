@@ -458,7 +458,8 @@ class Transformer(nn.Module):
         src_mask = padding_mask(_ids(src_ids, device))
         memory_kvs = [layer.cross_attn.project_kv(memory) for layer in self.decoder.layers]
         x = self.pos(self.embed(tgt_in))                        # (B, T, d)
-        x = self.decoder(x, memory_kvs, src_mask, causal_mask(tgt_in.shape[1], backend.get_array_module(tgt_in)))
+        tgt_mask = causal_mask(tgt_in.shape[1], backend.get_array_module(tgt_in))
+        x = self.decoder(x, memory_kvs, src_mask, tgt_mask)
         return F.linear(x, self.generator)                      # (B, T, V)
 
     def forward(self, src_ids, tgt_in) -> Tensor:
