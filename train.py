@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Without --max-steps and --max-minutes, training stops after 10 minutes.\n"
                "Per-preset defaults:\n"
-               "  tiny:             --max-tokens 2048 --warmup 100 --lr-factor 0.5 "
+               "  tiny:             --max-tokens 1024 --vocab-size 4000 --warmup 100 --lr-factor 0.5 "
                "--save-interval 100\n"
                "  small, base, big: --max-tokens 4096 --warmup 4000 --lr-factor 1 "
                "--save-interval 1000 (the paper's schedule)\n"
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, metavar="N", help="warm-up updates of the schedule")
     p.add_argument("--lr-factor", type=float, metavar="F", help="factor of the schedule")
     p.add_argument("--vocab-size", type=int, metavar="V",
-                   help="joint BPE vocabulary, learnt when RUNDIR has none (default: 8000)")
+                   help="joint BPE vocabulary, learnt when RUNDIR has none (default: tiny 4000, others 8000)")
     p.add_argument("--seed", type=int, default=d.seed, help=f"(default: {d.seed})")
     p.add_argument("--resume", action="store_true",
                    help="continue exactly from RUNDIR/checkpoint_last.npz")

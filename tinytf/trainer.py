@@ -94,10 +94,11 @@ class TrainConfig:
     max_bad_steps: int = 5            # stop after this many non-finite steps in a row
 
     PRESET_DEFAULTS = {
-        # 10 minutes on 2 CPU cores is one to three hundred updates: a warmup of 100 (the
-        # paper's 4000 would never be reached) with factor 0.5 peaks at
-        # 0.5 * (256 * 100)^-0.5 = 3.1e-3 and is still 2e-3 at step 250 (docs/training.md).
-        "tiny": dict(max_tokens=2048, warmup=100, lr_factor=0.5, vocab_size=8000,
+        # 10 minutes on 2 CPU cores is a few hundred updates of ~1k tokens: a warmup of 100
+        # (the paper's 4000 would never be reached) with factor 0.5 peaks at
+        # 0.5 * (256 * 100)^-0.5 = 3.1e-3. Small batches and a 4k vocabulary buy more
+        # updates in the budget (docs/training.md).
+        "tiny": dict(max_tokens=1024, warmup=100, lr_factor=0.5, vocab_size=4000,
                      save_interval=100),
         # The paper: warmup 4000, factor 1 (its batches held ~25k tokens per side).
         "default": dict(max_tokens=4096, warmup=4000, lr_factor=1.0, vocab_size=8000,

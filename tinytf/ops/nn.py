@@ -162,29 +162,35 @@ class CrossEntropy(Function):
         xp = get_array_module(logits)
         n, v = logits.shape
         eps = float(label_smoothing)
-        valid = None if ignore_index is None else target != ignore_index
-        safe_target = target if valid is None else xp.where(valid, target, 0)
-        rows = xp.arange(n)
         if kernels.fused(logits):
             loss, probs, weights = kernels.cross_entropy_forward(logits, target, eps, ignore_index)
             return self._reduce(loss, probs, weights, reduction)
+        valid = None if ignore_index is None else target != ignore_index
+        safe_target = target if valid is None else xp.where(valid, target, 0)
+        rows = xp.arange(n)
 
-        logp = logits - logits.max(axis=1, keepdims=True)
-        probs = xp.exp(logp)
-        total = probs.sum(axis=1, keepdims=True)
-        logp -= xp.log(total)
-        loss = -(1.0 - eps) * logp[rows, safe_target]
+        # One (N, V) buffer does all the work (each full pass over it costs as much as a
+        # small GEMM): z = x - max, then exp(z) in place, then the gradient in place.
+        # With lse = log sum exp(z), logp = z - lse, so the two loss terms need only
+        # z[t] and sum(z), taken before z is overwritten:
+        # loss = -(1 - eps) (z[t] - lse) - (eps / V) (sum(z) - V lse).
+        buf = logits - logits.max(axis=1, keepdims=True)
+        z_target = buf[rows, safe_target]
+        z_sum = buf.sum(axis=1) if eps else None
+        xp.exp(buf, out=buf)
+        total = buf.sum(axis=1, keepdims=True)
+        lse = xp.log(total[:, 0])
+        loss = (lse - z_target) * (1.0 - eps)
         if eps:
-            loss -= (eps / v) * logp.sum(axis=1)
-        del logp
-        # probs becomes d(loss_i)/d(logits_i) = softmax - smoothed one-hot.
-        probs /= total
+            loss += (lse - z_sum * (1.0 / v)) * eps
+        # buf becomes d(loss_i)/d(logits_i) = softmax - smoothed one-hot.
+        buf *= 1.0 / total
         if eps:
-            probs -= eps / v
-        probs[rows, safe_target] -= 1.0 - eps
+            buf -= eps / v
+        buf[rows, safe_target] -= 1.0 - eps
         weights = xp.ones(n, dtype=logits.dtype) if valid is None else valid.astype(logits.dtype)
         loss *= weights
-        return self._reduce(loss, probs, weights, reduction)
+        return self._reduce(loss, buf, weights, reduction)
 
     def _reduce(self, loss, probs, weights, reduction):
         count = float(weights.sum())
@@ -203,7 +209,11 @@ class CrossEntropy(Function):
         else:
             scale = self.weights * (grad / max(self.count, 1.0) if self.reduction == "mean"
                                     else grad)
-        return (self.probs * scale[:, None]).astype(self.probs.dtype, copy=False), None
+        # The node is freed after this single backward, so its buffer can be scaled in place
+        # instead of allocating another (N, V) array.
+        probs, self.probs = self.probs, None
+        probs *= scale.astype(probs.dtype, copy=False)[:, None]
+        return probs, None
 
 
 def attention_weights(scaled_q, k, mask=None):
