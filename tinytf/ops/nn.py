@@ -157,6 +157,8 @@ class CrossEntropy(Function):
     gradient softmax - target in place, in the one (N, V) buffer it keeps.
     """
 
+    ROWS_PER_BLOCK = 64  # 64 rows x 8k classes x 4 bytes = 2 MB: one block fits in cache
+
     def forward(self, logits, target, label_smoothing=0.0, ignore_index=None,
                 reduction="mean"):
         xp = get_array_module(logits)
@@ -170,27 +172,35 @@ class CrossEntropy(Function):
         rows = xp.arange(n)
 
         # One (N, V) buffer does all the work (each full pass over it costs as much as a
-        # small GEMM): z = x - max, then exp(z) in place, then the gradient in place.
+        # small GEMM): z = x - max, then exp(z) in place, then the gradient in place, a
+        # block of rows at a time so that the passes stay in cache.
         # With lse = log sum exp(z), logp = z - lse, so the two loss terms need only
         # z[t] and sum(z), taken before z is overwritten:
         # loss = -(1 - eps) (z[t] - lse) - (eps / V) (sum(z) - V lse).
-        buf = logits - logits.max(axis=1, keepdims=True)
-        z_target = buf[rows, safe_target]
-        z_sum = buf.sum(axis=1) if eps else None
-        xp.exp(buf, out=buf)
-        total = buf.sum(axis=1, keepdims=True)
-        lse = xp.log(total[:, 0])
-        loss = (lse - z_target) * (1.0 - eps)
-        if eps:
-            loss += (lse - z_sum * (1.0 / v)) * eps
-        # buf becomes d(loss_i)/d(logits_i) = softmax - smoothed one-hot.
-        buf *= 1.0 / total
-        if eps:
-            buf -= eps / v
-        buf[rows, safe_target] -= 1.0 - eps
+        grad = xp.empty_like(logits)
+        loss = xp.empty(n, dtype=logits.dtype)
+        for lo in range(0, n, self.ROWS_PER_BLOCK):
+            hi = min(lo + self.ROWS_PER_BLOCK, n)
+            r, t = rows[:hi - lo], safe_target[lo:hi]
+            buf = grad[lo:hi]
+            xp.subtract(logits[lo:hi], logits[lo:hi].max(axis=1, keepdims=True), out=buf)
+            z_target = buf[r, t]
+            z_sum = buf.sum(axis=1) if eps else None
+            xp.exp(buf, out=buf)
+            total = buf.sum(axis=1, keepdims=True)
+            lse = xp.log(total[:, 0])
+            block_loss = (lse - z_target) * (1.0 - eps)
+            if eps:
+                block_loss += (lse - z_sum * (1.0 / v)) * eps
+            loss[lo:hi] = block_loss
+            # buf becomes d(loss_i)/d(logits_i) = softmax - smoothed one-hot.
+            buf *= 1.0 / total
+            if eps:
+                buf -= eps / v
+            buf[r, t] -= 1.0 - eps
         weights = xp.ones(n, dtype=logits.dtype) if valid is None else valid.astype(logits.dtype)
         loss *= weights
-        return self._reduce(loss, buf, weights, reduction)
+        return self._reduce(loss, grad, weights, reduction)
 
     def _reduce(self, loss, probs, weights, reduction):
         count = float(weights.sum())
