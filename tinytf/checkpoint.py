@@ -117,20 +117,18 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write(path, write_fn):
-    """Call ``write_fn(file_object)`` on a temporary file beside ``path``, then rename it over
-    ``path``: fsync the file, ``os.replace``, fsync the directory. On any failure the temporary
-    file is removed and ``path`` is left as it was."""
+def _publish(path, fill) -> None:
+    """Let ``fill(tmp)`` make a file at a fresh temporary name beside ``path``, then
+    ``os.replace`` it over ``path`` and fsync the directory. Readers see the old file or the
+    new one, never half of one; on any failure the temporary file is removed and ``path`` is
+    left as it was."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
                                dir=directory)
+    os.close(fd)
     try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a checkpoint is not a secret
-        with os.fdopen(fd, "wb") as f:
-            write_fn(f)
-            f.flush()
-            os.fsync(f.fileno())
+        fill(tmp)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -139,6 +137,18 @@ def atomic_write(path, write_fn):
             pass
         raise
     _fsync_dir(directory)
+
+
+def atomic_write(path, write_fn):
+    """Call ``write_fn(file_object)`` on a temporary file beside ``path``, fsync it, then
+    rename it over ``path`` (see :func:`_publish`)."""
+    def fill(tmp):
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a checkpoint is not a secret
+        with open(tmp, "wb") as f:
+            write_fn(f)
+            f.flush()
+            os.fsync(f.fileno())
+    _publish(path, fill)
 
 
 def save(path, model_state: dict, *, optim_state=None, meta: dict | None = None):
@@ -316,25 +326,15 @@ class CheckpointManager:
     def _copy(self, source, name):
         # A hard link is instant and atomic to publish; fall back to a byte copy where links are
         # not supported. Either way the target name is replaced atomically.
-        target = self.path(name)
-        fd, tmp = tempfile.mkstemp(prefix="." + name + ".", suffix=".tmp", dir=self.run_dir)
-        os.close(fd)
-        os.unlink(tmp)
-        try:
+        def fill(tmp):
+            os.unlink(tmp)  # os.link needs a free name
             try:
                 os.link(source, tmp)
             except OSError:
                 shutil.copyfile(source, tmp)
                 with open(tmp, "rb+") as f:
                     os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        _fsync_dir(self.run_dir)
+        _publish(self.path(name), fill)
 
     def _prune(self):
         if self.keep_last is None or self.keep_last <= 0:
