@@ -145,8 +145,7 @@ class Tensor:
         """A copy on ``device`` ("cpu" or "gpu"), cut from the graph; self if already there."""
         if device == self.device:
             return self
-        out = Tensor(backend.to_device(self.data, device), requires_grad=self.requires_grad)
-        return out
+        return Tensor(backend.to_device(self.data, device), requires_grad=self.requires_grad)
 
     def astype(self, dtype) -> "Tensor":
         """The values cast to ``dtype`` (differentiable)."""
