@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# One prepared GPU check for tinytf (under 10 minutes on one H200), run from anywhere:
-#   bash bench/gpu_check.sh            # logs and JSON to $OUT (default /tmp/tinytf_gpu_check)
-# 1. installs what it needs: wheels carried in .whl/ (no network needed), else nothing
-#    (the GPU image already has cupy, ml_dtypes, torch, numpy, regex, sacrebleu, mpi4py);
-# 2. runs the kernel/amp tests on the GPU: every fused kernel and every op's forward and
-#    backward against NumPy on the CPU, cuBLAS products in float32/tf32/bf16/fp16;
-# 3. runs the op and functional test files with TINYTF_DEVICE=gpu;
-# 4. bench/gpu_train.py: training tokens/s and MFU of `base` at 25k-token batches in
-#    float32, tf32 and bf16, decoding sentences/s, and PyTorch eager on the same GPU.
-# Each stage has its own time limit so that a hang in one still leaves the others' figures.
+# One prepared GPU check for tinytf (about 5 minutes on one H200), run from anywhere:
+#   bash bench/gpu_check.sh [quick|full]      # logs and JSON to $OUT (default /tmp/tinytf_gpu_check)
+# 1. environment: GPU, driver, CuPy (and whether it has bfloat16), PyTorch; wheels carried
+#    in .whl/ are installed first (the GPU machine has no network);
+# 2. the GPU tests: every fused kernel and every op forward and backward against NumPy,
+#    cuBLAS products in float32/tf32/bf16/fp16 (tests/test_kernels.py, tests/test_amp.py),
+#    the whole Transformer's loss and gradients against the CPU, mixed precision against
+#    float32, incremental and beam decoding against the CPU (tests/test_gpu.py);
+# 3. bench/gpu_train.py: training tokens/s and MFU of `base` at 25k-token batches in
+#    float32, tf32 and bf16, decoding sentences/s, and PyTorch eager on the same GPU;
+# 4. the command-line tools: train.py --device gpu --precision bf16 (tiny) on the shipped
+#    corpus for 90 seconds, then translate.py --device gpu (beam 4) on the test set with BLEU.
+# Each stage has its own time limit, so a hang in one still leaves the others' figures.
+# "quick" runs fewer benchmark steps (for a first look); "full" (default) the whole thing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+MODE=${1:-full}
 OUT=${OUT:-/tmp/tinytf_gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -28,7 +33,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,memo
 $PY - <<'PY' 2>&1 | tee "$OUT/environment.txt"
 import sys, numpy
 print("python", sys.version.split()[0], "numpy", numpy.__version__)
-for name in ("cupy", "ml_dtypes", "torch", "mpi4py", "sacrebleu", "regex"):
+for name in ("cupy", "ml_dtypes", "torch", "mpi4py", "sacrebleu", "regex", "hypothesis"):
     try:
         m = __import__(name)
         print(name, getattr(m, "__version__", "?"))
@@ -37,19 +42,36 @@ for name in ("cupy", "ml_dtypes", "torch", "mpi4py", "sacrebleu", "regex"):
 import cupy
 print("gpu", cupy.cuda.runtime.getDeviceProperties(0)["name"], "cuda runtime",
       cupy.cuda.runtime.runtimeGetVersion())
+try:
+    import ml_dtypes
+    a = cupy.arange(4, dtype=cupy.float32).astype(ml_dtypes.bfloat16)
+    print("cupy bfloat16: yes", a.dtype, (a * a).dtype, cupy.asnumpy(a.astype(cupy.float32)))
+except Exception as e:
+    print("cupy bfloat16: NO", type(e).__name__, e)
 PY
 
-stage "kernel and mixed-precision tests on the GPU"
-TINYTF_DEVICE=gpu timeout 180 $PY -m pytest -q -rs -p no:cacheprovider \
-    tests/test_kernels.py tests/test_amp.py 2>&1 | tee "$OUT/tests_gpu.log"
+stage "GPU tests (kernels, mixed precision, the whole model)"
+timeout 200 $PY -m pytest -q -rs -p no:cacheprovider --durations=8 \
+    tests/test_kernels.py tests/test_amp.py tests/test_gpu.py 2>&1 | tee "$OUT/tests_gpu.log"
 echo "exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/tests_gpu.log"
 
-stage "op tests with TINYTF_DEVICE=gpu"
-TINYTF_DEVICE=gpu timeout 60 $PY -m pytest -q -p no:cacheprovider -x \
-    tests/test_ops.py tests/test_functional.py 2>&1 | tail -n 30 | tee "$OUT/tests_ops_gpu.log"
-
 stage "training and decoding benchmark"
-timeout 300 $PY bench/gpu_train.py --json "$OUT/gpu_train.json" 2>&1 | tee "$OUT/gpu_train.log"
+if [ "$MODE" = quick ]; then steps=(--steps 5 --warmup 2 --decode-sentences 256); \
+    else steps=(--steps 10 --warmup 3); fi
+timeout 240 $PY bench/gpu_train.py "${steps[@]}" --json "$OUT/gpu_train.json" \
+    --profile-dir "$OUT" 2>&1 | tee "$OUT/gpu_train.log"
 echo "exit status: ${PIPESTATUS[0]}"
+
+stage "train.py and translate.py on the GPU (shipped corpus, tiny, bf16, 90 s)"
+RUN=/tmp/tinytf_gpu_run
+rm -rf "$RUN"
+timeout 200 $PY train.py --device gpu --precision bf16 --config tiny --max-tokens 4096 \
+    --warmup 400 --lr-factor 0.3 --max-minutes 1.5 --log-interval 100 --save-interval 500 \
+    --set valid_bleu_sentences=200 --out "$RUN" > "$OUT/train_gpu.json" 2> "$OUT/train_gpu.log"
+echo "exit status: $?"; grep -E "valid|test BLEU|stopped" "$OUT/train_gpu.log" | tail -n 12
+tail -n 3 "$OUT/train_gpu.log"; cat "$OUT/train_gpu.json"
+timeout 90 $PY translate.py --model "$RUN" --device gpu --precision bf16 --beam 4 \
+    --input data/ende/test.en --reference data/ende/test.de --output "$OUT/test_hyp.de" \
+    2>&1 | tail -n 2 | tee "$OUT/translate_gpu.log"
 
 stage "done"

@@ -19,7 +19,6 @@ Nothing here is tinytf's test suite: bench/gpu_check.sh runs the tests first.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
@@ -93,21 +92,13 @@ class Device:
         return self.xp.get_default_memory_pool().total_bytes() / 2 ** 30 if self.gpu else 0.0
 
 
-def _gpu_masks(dev: Device) -> None:
-    """transformer.causal_mask builds a NumPy mask by default; on the GPU it must be CuPy."""
-    from tinytf import transformer
-    if dev.gpu and not getattr(transformer, "_gpu_causal_mask", False):
-        transformer.causal_mask = functools.partial(transformer.causal_mask, xp=dev.xp)
-        transformer._gpu_causal_mask = True
-
-
-def tinytf_train(dev: Device, cfg, mode: str, batch, steps: int, warmup: int) -> dict:
+def tinytf_train(dev: Device, cfg, mode: str, batch, steps: int, warmup: int,
+                 profile_dir=None) -> dict:
     import tinytf
     from tinytf import amp, kernels, transformer
     from tinytf import functional as F
     from tinytf.optim import Adam
 
-    _gpu_masks(dev)
     dev.free()  # what the previous run left in CuPy's pool
     tinytf.manual_seed(0)
     model = transformer.Transformer(cfg).to(dev.name).train()
@@ -118,25 +109,169 @@ def tinytf_train(dev: Device, cfg, mode: str, batch, steps: int, warmup: int) ->
     v = cfg.vocab_size
 
     def step():
+        # Backward inside the block too: TF32 is a switch, not a dtype carried by the graph.
         with amp.autocast(mode):
             logits = model(src, tgt_in)
             loss = F.cross_entropy(logits.reshape(-1, v), tgt_out.reshape(-1),
                                    label_smoothing=cfg.label_smoothing, ignore_index=0,
                                    reduction="sum")
-        scaler.scale_loss(loss).backward()
-        found_inf = scaler.unscale_(opt.params, extra_factor=1.0 / ntok)  # also / tokens
-        if not found_inf:
-            opt.step()
-        scaler.update(found_inf)
-        opt.zero_grad()
+            scaler.scale_loss(loss).backward()
+            found_inf = scaler.unscale_(opt.params, extra_factor=1.0 / ntok)  # also / tokens
+            if not found_inf:
+                opt.step()
+            scaler.update(found_inf)
+            opt.zero_grad()
         step.loss = loss
 
     kernels.calls.clear()
     times = timed(step, steps, warmup, dev.sync)
     loss = float(step.loss.item()) / ntok
     calls = {k: n // (steps + warmup) for k, n in sorted(kernels.calls.items())}
-    mem = dev.pool_gib()
-    return {"times": times, "loss": loss, "fused_calls_per_step": calls, "pool_gib": mem}
+    # Host time: how long the Python side takes to issue one step when the GPU never
+    # makes it wait (the step returns before the GPU finishes). Close to the step time
+    # means the step is bound by launch overhead, not by the GPU.
+    dev.sync()
+    t0 = time.perf_counter()
+    step()
+    host = time.perf_counter() - t0
+    dev.sync()
+    out = {"times": times, "loss": loss, "fused_calls_per_step": calls,
+           "pool_gib": dev.pool_gib(), "host_s": host}
+    if profile_dir and mode == "bf16":
+        import cProfile
+        import pstats
+        prof = cProfile.Profile()
+        prof.enable()
+        step()
+        dev.sync()
+        prof.disable()
+        path = os.path.join(profile_dir, f"profile_{mode}.txt")
+        with open(path, "w") as f:
+            pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(40)
+            pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(40)
+        out["profile"] = path
+    return out
+
+
+def _tinytf_step_fn(dev: Device, cfg, mode: str, batch):
+    """(step, model): one training step of a fresh ``base`` model under ``mode``."""
+    import tinytf
+    from tinytf import amp, transformer
+    from tinytf import functional as F
+    from tinytf.optim import Adam
+
+    dev.free()
+    tinytf.manual_seed(0)
+    model = transformer.Transformer(cfg).to(dev.name).train()
+    opt = Adam(model.named_parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    src, tgt_in, tgt_out = batch
+    ntok, v = int(tgt_out.size), cfg.vocab_size
+
+    def step():
+        with amp.autocast(mode):
+            logits = model(src, tgt_in)
+            loss = F.cross_entropy(logits.reshape(-1, v), tgt_out.reshape(-1),
+                                   label_smoothing=cfg.label_smoothing, ignore_index=0,
+                                   reduction="sum")
+            (loss * (1.0 / ntok)).backward()
+            opt.step()
+            opt.zero_grad()
+        step.loss = loss
+    return step, model
+
+
+def op_profile(dev: Device, cfg, mode: str, batch, path: str) -> dict:
+    """Time every op's forward and backward, summed per op class, over one step.
+
+    Two passes: with a device sync around every call (host + GPU time of the op, run one
+    after another) and without (host time alone: the Python and launch cost). Where the
+    first is much larger than the second the op is GPU-bound; where they are close it is
+    bound by the host. Written as a table to ``path``.
+    """
+    from tinytf.tensor import Function
+
+    classes, todo = [], list(Function.__subclasses__())
+    while todo:
+        c = todo.pop()
+        classes.append(c)
+        todo.extend(c.__subclasses__())
+    step, _ = _tinytf_step_fn(dev, cfg, mode, batch)
+    step()
+    dev.sync()
+    result = {}
+    for synced in (True, False):
+        totals: dict = {}
+        originals = {}
+
+        def wrap(cls, name, fn):
+            def timed_call(self, *a, **k):
+                if synced:
+                    dev.sync()
+                t0 = time.perf_counter()
+                out = fn(self, *a, **k)
+                if synced:
+                    dev.sync()
+                key = f"{cls.__name__}.{name}"
+                totals[key] = totals.get(key, 0.0) + time.perf_counter() - t0
+                return out
+            return timed_call
+        for cls in classes:
+            for name in ("forward", "backward"):
+                if name in vars(cls):
+                    originals[(cls, name)] = vars(cls)[name]
+                    setattr(cls, name, wrap(cls, name, vars(cls)[name]))
+        try:
+            dev.sync()
+            t0 = time.perf_counter()
+            step()
+            dev.sync()
+            total = time.perf_counter() - t0
+        finally:
+            for (cls, name), fn in originals.items():
+                setattr(cls, name, fn)
+        result["synced" if synced else "host"] = {"total_s": total, "ops": totals}
+    with open(path, "w") as f:
+        f.write(f"# one {mode} step of base, per op class: seconds with a device sync around "
+                f"each call / host seconds without syncs\n")
+        f.write(f"# step total: {result['synced']['total_s']:.4f} s synced, "
+                f"{result['host']['total_s']:.4f} s unsynced\n")
+        ops = result["synced"]["ops"]
+        for key in sorted(ops, key=ops.get, reverse=True):
+            f.write(f"{key:40s} {ops[key] * 1e3:9.2f} ms {result['host']['ops'].get(key, 0) * 1e3:9.2f} ms\n")
+    return result
+
+
+def graph_probe(dev: Device, cfg, mode: str, batch, steps: int = 10) -> dict:
+    """Can a whole tinytf training step be captured as one CUDA graph and replayed?
+
+    Replaying a graph removes the per-kernel launch cost from the host entirely (what
+    torch.cuda.CUDAGraph does). A probe, not a training mode: Adam's bias correction is
+    frozen at the captured step. Reports the replay time per step, or why capture failed.
+    """
+    cupy = dev.xp
+    step, _ = _tinytf_step_fn(dev, cfg, mode, batch)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    try:
+        with stream:
+            for _ in range(3):   # fill the memory pool with every block the step needs
+                step()
+            stream.synchronize()
+            stream.begin_capture()
+            try:
+                step()
+            finally:
+                graph = stream.end_capture()
+            keep = step.loss     # the graph writes into this buffer on every replay
+            graph.launch(stream)
+            stream.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                graph.launch(stream)
+            stream.synchronize()
+            dt = (time.perf_counter() - t0) / steps
+        return {"replay_step_s": dt, "loss_after_replays": float(keep.data.get())}
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def autocast_wired(dev: Device) -> bool:
@@ -155,7 +290,6 @@ def tinytf_decode(dev: Device, cfg, n_sent: int, src_len: int, max_new: int, bea
     import tinytf
     from tinytf import amp, search, transformer
 
-    _gpu_masks(dev)
     tinytf.manual_seed(0)
     model = transformer.Transformer(cfg).to(dev.name).eval()
     src = dev.xp.asarray(np.random.default_rng(1).integers(4, cfg.vocab_size, (n_sent, src_len)))
@@ -264,6 +398,13 @@ def main(argv=None) -> int:
     ap.add_argument("--decode-new", type=int, default=32, help="tokens generated per sentence")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile-dir", default=None,
+                    help="write a cProfile of one tinytf bf16 step here")
+    ap.add_argument("--op-profile", default=None, metavar="FILE",
+                    help="write per-op forward/backward times of one bf16 step to FILE")
+    ap.add_argument("--graph-probe", action="store_true",
+                    help="try capturing a bf16 training step as a CUDA graph and replaying it")
+    ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="run every code path on NumPy/CPU torch with tiny sizes (no figures)")
     args = ap.parse_args(argv)
@@ -307,7 +448,7 @@ def main(argv=None) -> int:
         peak = args.peak or PEAK_TFLOPS[mode]
         row = {}
         for name, fn in (("tinytf", lambda: tinytf_train(dev, cfg, mode, batch, args.steps,
-                                                          args.warmup)),
+                                                          args.warmup, args.profile_dir)),
                          ("torch", lambda: torch_train(dev, cfg, mode, batch_np, args.steps,
                                                        args.warmup))):
             if name == "torch" and not use_torch:
@@ -319,7 +460,9 @@ def main(argv=None) -> int:
                       f"{r['tokens_per_s']:10.0f} tok/s  {r['tflops']:6.1f} TFLOP/s  "
                       f"MFU {100 * r['mfu']:5.1f}%  loss {r['loss']:.3f}", flush=True)
                 if name == "tinytf":
-                    print(f"    fused calls/step: {r['fused_calls_per_step']}", flush=True)
+                    print(f"    fused calls/step: {r['fused_calls_per_step']}; host time "
+                          f"{r['host_s'] * 1e3:.1f} ms/step; pool {r['pool_gib']:.1f} GiB",
+                          flush=True)
             except Exception as e:  # report and go on: the other figures are still worth it
                 r = {"error": f"{type(e).__name__}: {e}"}
                 print(f"train {mode:7s} {name:6s}: FAILED {r['error']}", flush=True)
@@ -329,8 +472,27 @@ def main(argv=None) -> int:
             print(f"    tinytf speed / torch speed = {row['tinytf_vs_torch']:.2f}", flush=True)
         report["train"][mode] = row
 
+    if args.op_profile:
+        try:
+            r = op_profile(dev, cfg, "bf16", batch, args.op_profile)
+            report["op_profile"] = {k: v["total_s"] for k, v in r.items()}
+            print(f"op profile (bf16): {r['synced']['total_s'] * 1e3:.1f} ms synced, "
+                  f"{r['host']['total_s'] * 1e3:.1f} ms host -> {args.op_profile}", flush=True)
+        except Exception as e:
+            print(f"op profile: FAILED {type(e).__name__}: {e}", flush=True)
+    if args.graph_probe and dev.gpu:
+        r = graph_probe(dev, cfg, "bf16", batch)
+        report["graph_probe"] = r
+        if "error" in r:
+            print(f"CUDA graph of a bf16 step: FAILED {r['error']}", flush=True)
+        else:
+            print(f"CUDA graph of a bf16 step: {r['replay_step_s'] * 1e3:.1f} ms/step replayed "
+                  f"({ntok / r['replay_step_s']:.0f} tok/s, MFU "
+                  f"{100 * flops / r['replay_step_s'] / (PEAK_TFLOPS['bf16'] * 1e12):.1f}%)",
+                  flush=True)
+
     n, new = args.decode_sentences, args.decode_new
-    for label, fn in (
+    for label, fn in () if args.skip_decode else (
             ("tinytf beam4 float32", lambda: tinytf_decode(dev, cfg, n, args.length, new, 4,
                                                            "float32")),
             ("tinytf greedy float32", lambda: tinytf_decode(dev, cfg, n, args.length, new, 1,

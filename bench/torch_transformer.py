@@ -152,7 +152,7 @@ class TorchTransformer(nn.Module):
         src_w = self.embed.weight if self.c.share_embeddings else self.src_embed.weight
         src_mask = (src != PAD_ID)[:, None, None, :]
         t = tgt_in.shape[1]
-        tgt_mask = torch.ones(t, t, dtype=torch.bool).tril()[None, None]
+        tgt_mask = torch.ones(t, t, dtype=torch.bool, device=tgt_in.device).tril()[None, None]
         memory = self.encoder(self._embed(src_w, src), src_mask)
         x = self.decoder(self._embed(self.embed.weight, tgt_in), memory, src_mask, tgt_mask)
         return x @ self.embed.weight.t()

@@ -305,6 +305,19 @@ def test_cross_entropy_bad_target_is_nan_not_a_wild_read(on_cpu):
 
 
 @needs_cxx
+@pytest.mark.parametrize("kind", ["float32", "float16"])  # bf16 here is uint16 bits
+@pytest.mark.parametrize("shape", [(7, 33), (3, 300, 40), (0, 5)])
+def test_bias_grad_sums_every_row(on_cpu, kind, shape, monkeypatch):
+    monkeypatch.setattr(kernels, "_COLUMN_CHUNK", 64)   # several row chunks
+    g = rounded(rng.standard_normal(shape), kind)
+    gb = kernels.bias_grad(to_storage(g, kind))
+    assert gb.dtype == np.dtype(kind) and gb.shape == shape[-1:]
+    want = g.reshape(-1, shape[-1]).astype(np.float64).sum(axis=0)
+    np.testing.assert_allclose(gb.astype(np.float64), want, rtol=2e-3 if kind == "float16"
+                               else 1e-5, atol=1e-2 if kind == "float16" else 1e-4)
+
+
+@needs_cxx
 @pytest.mark.parametrize("kind", STORAGES)
 def test_bias_relu_matches_numpy(on_cpu, kind):
     x = rounded(rng.standard_normal((9, 31)), kind)

@@ -184,7 +184,7 @@ class CastTo(Function):
 
 
 def _cast(t, dtype):
-    if t is None or not isinstance(t, Tensor) or t.dtype.kind != "f":
+    if t is None or not isinstance(t, Tensor) or not backend.is_float(t.dtype):
         return t
     if dtype == EMULATED_BF16:
         return CastTo.apply(t, dtype=None) if t.dtype == np.float32 else t
@@ -202,7 +202,7 @@ def cast_inputs(op: str, *tensors):
     policy = _policy
     if policy is None or not policy.low_precision:
         return tensors
-    floats = [t for t in tensors if isinstance(t, Tensor) and t.dtype.kind == "f"]
+    floats = [t for t in tensors if isinstance(t, Tensor) and backend.is_float(t.dtype)]
     if not floats:
         return tensors
     if op in LOW_PRECISION_OPS:

@@ -12,6 +12,7 @@ saved in a checkpoint and restored exactly.
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
@@ -51,7 +52,13 @@ def array_module(device: str):
 
 
 def get_array_module(*arrays):
-    """The module (numpy or cupy) that owns ``arrays``; numpy for anything else."""
+    """The module (numpy or cupy) that owns ``arrays``; numpy for anything else.
+
+    CuPy arrays made by code that imported CuPy itself (not through tinytf) count too.
+    """
+    global _cupy
+    if _cupy is None and "cupy" in sys.modules:
+        _cupy = sys.modules["cupy"]
     if _cupy is not None:
         for a in arrays:
             if isinstance(a, _cupy.ndarray):
@@ -62,6 +69,25 @@ def get_array_module(*arrays):
 def device_of(array) -> str:
     """"gpu" for a CuPy array, "cpu" otherwise."""
     return "gpu" if get_array_module(array) is not np else "cpu"
+
+
+def is_float(dtype) -> bool:
+    """Whether ``dtype`` is a floating-point type, bfloat16 included.
+
+    ``ml_dtypes.bfloat16`` (the bfloat16 of NumPy and CuPy >= 14) is a NumPy extension
+    type whose ``kind`` is "V", not "f", so ``dtype.kind == "f"`` alone would miss it.
+    """
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
+def finfo(dtype):
+    """``numpy.finfo`` of ``dtype``, bfloat16 included (through ``ml_dtypes.finfo``)."""
+    dtype = np.dtype(dtype)
+    if dtype.name == "bfloat16":
+        import ml_dtypes  # noqa: PLC0415 (present wherever a bfloat16 array exists)
+        return ml_dtypes.finfo(dtype)
+    return np.finfo(dtype)
 
 
 def to_device(array, device: str):

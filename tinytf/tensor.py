@@ -109,7 +109,7 @@ class Tensor:
         self.requires_grad = bool(requires_grad)
         self._ctx: Function | None = None
         self._freed = False  # set when backward has released the node that made this tensor
-        if self.requires_grad and self.data.dtype.kind != "f":
+        if self.requires_grad and not backend.is_float(self.data.dtype):
             raise TypeError(f"only floating-point tensors can require a gradient, "
                             f"got dtype {self.data.dtype}")
 
@@ -193,6 +193,11 @@ class Tensor:
                     continue
                 assert ig.shape == inp.shape, \
                     f"{type(ctx).__name__}.backward: grad shape {ig.shape} != {inp.shape}"
+                if ig.dtype != inp.dtype:
+                    # A gradient has its tensor's dtype (as in PyTorch): the float32 gradient
+                    # that a mixed float32 + bfloat16 sum hands its bfloat16 input continues
+                    # in bfloat16, so the products behind it stay on tensor cores.
+                    ig = ig.astype(inp.dtype)
                 prev = grads.get(id(inp))
                 grads[id(inp)] = ig if prev is None else prev + ig
             node._ctx, node._freed = None, True  # free the node and the arrays it saved

@@ -31,8 +31,8 @@ from .sources import ELEMENTWISE_THREADS, ROWS_PER_BLOCK
 
 __all__ = ["fused", "set_enabled", "softmax_forward", "softmax_backward", "layer_norm_forward",
            "layer_norm_backward", "dropout_forward", "cross_entropy_forward", "relu_forward",
-           "relu_backward", "unscale_", "adam_step", "matmul", "set_tf32", "tf32_enabled",
-           "calls"]
+           "relu_backward", "bias_grad", "unscale_", "adam_step", "matmul", "set_tf32",
+           "tf32_enabled", "calls"]
 
 _enabled = os.environ.get("TINYTF_FUSED", "1") != "0"
 
@@ -202,18 +202,36 @@ def layer_norm_backward(grad, x_hat, rstd, weight=None, need_x=True, need_weight
             _runtime.launch("layer_norm_bwd", [storage], grid, block,
                             (g, h, r, _runtime.address(w), dx, rows, d))
     if need_weight or need_bias:
-        chunks = max(1, -(-rows // _COLUMN_CHUNK))
-        dw_part = xp.zeros((chunks, d), dtype=np.float32)
-        db_part = xp.zeros((chunks, d), dtype=np.float32)
-        if rows:
-            _runtime.launch("column_sums", [storage], (-(-d // 32), chunks), (32, 8),
-                            (g, _runtime.address(h), dw_part, db_part, rows, d, _COLUMN_CHUNK))
+        dw, db = _column_sums(xp, g, h if need_weight else None)
         # The parameter gradient has the dtype NumPy gives (g * x_hat).sum(rows).
-        if need_weight:
-            dw = dw_part.sum(axis=0).astype(x_hat.dtype)
-        if need_bias:
-            db = db_part.sum(axis=0).astype(x_hat.dtype)
+        dw = dw.astype(x_hat.dtype) if need_weight else None
+        db = db.astype(x_hat.dtype) if need_bias else None
     return dx, dw, db
+
+
+def _column_sums(xp, g, h=None):
+    """(sum over rows of g * h or None, sum over rows of g), float32, for 2-D-viewable g."""
+    storage = _runtime.storage(g.dtype)
+    d = g.shape[-1]
+    rows = g.size // max(d, 1)
+    chunks = max(1, -(-rows // _COLUMN_CHUNK))
+    dw_part = xp.zeros((chunks, d), dtype=np.float32)
+    db_part = xp.zeros((chunks, d), dtype=np.float32)
+    if rows:
+        _runtime.launch("column_sums", [storage], (-(-d // 32), chunks), (32, 8),
+                        (g, _runtime.address(h), dw_part, db_part, rows, d, _COLUMN_CHUNK))
+    return (dw_part.sum(axis=0) if h is not None else None), db_part.sum(axis=0)
+
+
+def bias_grad(grad):
+    """grad summed over every axis but the last (a bias's gradient), in grad's dtype.
+
+    One pass with float32 sums, whatever the storage type.
+    """
+    _runtime.count("bias_grad")
+    xp = backend.get_array_module(grad)
+    _, db = _column_sums(xp, xp.ascontiguousarray(grad))
+    return db.astype(grad.dtype)
 
 
 # ----- dropout (+ residual) --------------------------------------------------------------

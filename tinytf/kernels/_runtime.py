@@ -39,8 +39,17 @@ def count(name: str) -> None:
 
 def storage(dtype) -> str | None:
     """The kernel storage type ("float", "bf16_t", "f16_t") of ``dtype``, or None."""
-    dtype = np.dtype(dtype)
-    return _extra_storage.get(dtype, STORAGE.get(dtype.name))
+    if _extra_storage:
+        found = _extra_storage.get(np.dtype(dtype))
+        if found:
+            return found
+    return _storage(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _storage(dtype) -> str | None:
+    # Cached: numpy's dtype.name is computed in Python, and every launch asks.
+    return STORAGE.get(np.dtype(dtype).name)
 
 
 @functools.cache
@@ -67,7 +76,27 @@ _C_OF_DTYPE = {"int64": "long long", "int32": "int", "uint8": "unsigned char",
 
 def _c_name(dtype) -> str | None:
     """The C type an array of ``dtype`` holds (storage types for the floats)."""
-    return storage(dtype) or _C_OF_DTYPE.get(np.dtype(dtype).name)
+    return storage(dtype) or _integer_c_name(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _integer_c_name(dtype) -> str | None:
+    return _C_OF_DTYPE.get(np.dtype(dtype).name)
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters(name: str, types: tuple) -> tuple:
+    """((pointer?, C type wanted or scalar converter, parameter name), ...) of name<types>."""
+    tnames, params = signatures()[name]
+    bound = dict(zip(tnames, types))
+    spec = []
+    for ctype, pname in params:
+        base = ctype.replace("const ", "").rstrip("*").strip()
+        if ctype.endswith("*"):
+            spec.append((True, bound.get(base, base), pname))
+        else:
+            spec.append((False, _SCALARS[base], pname))
+    return tuple(spec)
 
 
 def convert_args(name: str, types, args) -> tuple:
@@ -76,16 +105,13 @@ def convert_args(name: str, types, args) -> tuple:
     Every array must be C-contiguous and hold the parameter's C type: a wrong dtype or a
     strided view would be read as garbage by the GPU, without an error.
     """
-    tnames, params = signatures()[name]
+    params = _parameters(name, tuple(types))
     if len(args) != len(params):
         raise TypeError(f"kernels/_runtime.py: {name} takes {len(params)} arguments, "
                         f"got {len(args)}")
-    bound = dict(zip(tnames, types))
     out = []
-    for (ctype, pname), a in zip(params, args):
-        if ctype.endswith("*"):
-            want = bound.get(ctype.replace("const ", "").rstrip("*").strip(),
-                             ctype.replace("const ", "").rstrip("*").strip())
+    for (pointer, want, pname), a in zip(params, args):
+        if pointer:
             if not hasattr(a, "shape"):
                 raise TypeError(f"kernels/_runtime.py: {name}({pname}) needs an array")
             if _c_name(a.dtype) != want:
@@ -96,7 +122,7 @@ def convert_args(name: str, types, args) -> tuple:
                                  f"C-contiguous array")
             out.append(a)
         else:
-            out.append(_SCALARS[ctype.replace("const ", "")](a))
+            out.append(want(a))
     return tuple(out)
 
 

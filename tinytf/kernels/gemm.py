@@ -18,6 +18,7 @@ against NumPy (tests/test_kernels.py) without a GPU.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -136,11 +137,15 @@ def _contiguous_strides(shape, itemsize: int) -> tuple:
     return tuple(reversed(strides))
 
 
+@functools.lru_cache(maxsize=4096)
 def plan(a_shape, a_strides, b_shape, b_strides, itemsize: int):
     """The :class:`Plan` for a @ b (both at least 2-D, broadcast batch axes), or
     ("copy", which) naming the operand ("a" or "b") to make C-contiguous first, or None
     when one cuBLAS call cannot do it (1-D or empty operands, huge sizes, a batch
-    broadcast that no single stride describes): then ``cupy.matmul`` does."""
+    broadcast that no single stride describes): then ``cupy.matmul`` does.
+
+    Cached: a training step asks for the same few dozen layouts every time, and working
+    one out costs more CPU time than launching the product."""
     if len(a_shape) < 2 or len(b_shape) < 2 or a_shape[-1] != b_shape[-2]:
         return None
     m, k, n = a_shape[-2], a_shape[-1], b_shape[-1]
@@ -162,7 +167,10 @@ def plan(a_shape, a_strides, b_shape, b_strides, itemsize: int):
 
 # ----- the GPU call ----------------------------------------------------------------------
 
-def _cuda_type(dtype, runtime):
+@functools.lru_cache(maxsize=None)
+def _cuda_type(dtype):
+    """cuBLAS's data type constant for ``dtype`` (None if cuBLAS has none)."""
+    runtime = _cuda_runtime()
     name = np.dtype(dtype).name
     return {"float32": getattr(runtime, "CUDA_R_32F", 0),
             "float16": getattr(runtime, "CUDA_R_16F", 2),
@@ -181,9 +189,14 @@ def matmul(a, b):
     :func:`set_tf32` is on), with float32 accumulation; anything else: ``cupy.matmul``.
     """
     xp = backend.get_array_module(a, b)
-    if xp is np or a.dtype != b.dtype:
+    if xp is np:
         return a @ b
-    ctype = _cuda_type(a.dtype, _cuda_runtime())
+    if a.dtype != b.dtype:
+        # NumPy's promotion (bfloat16 with float32 gives float32), then one cuBLAS call:
+        # cupy.matmul itself takes no bfloat16.
+        common = np.result_type(a.dtype, b.dtype)
+        a, b = a.astype(common, copy=False), b.astype(common, copy=False)
+    ctype = _cuda_type(a.dtype)
     if ctype is None:
         return a @ b
     p = plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)
@@ -196,6 +209,8 @@ def matmul(a, b):
             b = xp.ascontiguousarray(b)
         p = plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)
     if not isinstance(p, Plan):
+        if a.dtype.name == "bfloat16":  # cupy.matmul takes no bfloat16: float32, rounded back
+            return xp.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
         return xp.matmul(a, b)
     _runtime.count("matmul")
     out = xp.empty(p.out_shape, dtype=a.dtype)
@@ -214,7 +229,7 @@ def _gemm(p: Plan, first, second, out, ctype) -> None:  # pragma: no cover - GPU
     cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
     cublas.setPointerMode(handle, getattr(cublas, "CUBLAS_POINTER_MODE_HOST", 0))
     compute = getattr(cublas, "CUBLAS_COMPUTE_32F", 68)
-    if ctype == getattr(_cuda_runtime(), "CUDA_R_32F", 0) and _tf32:
+    if ctype == _cuda_type(np.dtype(np.float32)) and _tf32:
         compute = getattr(cublas, "CUBLAS_COMPUTE_32F_FAST_TF32", 77)
     algo = getattr(cublas, "CUBLAS_GEMM_DEFAULT", -1)
     f, s = p.first, p.second

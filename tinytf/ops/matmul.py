@@ -1,6 +1,7 @@
 """Matrix products: general (batched, broadcast) matmul and the fused linear layer."""
 from __future__ import annotations
 
+from .. import kernels
 from ..kernels import matmul
 from ..tensor import Function
 from .elementwise import sum_to
@@ -58,5 +59,7 @@ class Linear(Function):
         gw = matmul(g2.T, x2) if self.needs_input_grad[1] else None
         if len(self.inputs) == 2:
             return gx, gw
-        gb = g2.sum(axis=0) if self.needs_input_grad[2] else None
+        gb = None
+        if self.needs_input_grad[2]:
+            gb = kernels.bias_grad(g2) if kernels.fused(g2) else g2.sum(axis=0)
         return gx, gw, gb

@@ -203,22 +203,24 @@ class CrossEntropy(Function):
         return self._reduce(loss, grad, weights, reduction)
 
     def _reduce(self, loss, probs, weights, reduction):
-        count = float(weights.sum())
-        self.reduction, self.probs, self.weights, self.count = reduction, probs, weights, count
+        if reduction not in ("none", "sum", "mean"):
+            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        self.reduction, self.probs, self.weights = reduction, probs, weights
         if reduction == "none":
             return loss
         if reduction == "sum":
             return loss.sum()
-        if reduction == "mean":
-            return loss.sum() / max(count, 1.0)
-        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        # The count stays a 0-d array on the device: reading it on the host would stall
+        # every GPU step until the forward pass had finished.
+        xp = get_array_module(loss)
+        self.count = xp.maximum(weights.sum(), 1.0).astype(loss.dtype)
+        return loss.sum() / self.count
 
     def backward(self, grad):
         if self.reduction == "none":
             scale = grad * self.weights
         else:
-            scale = self.weights * (grad / max(self.count, 1.0) if self.reduction == "mean"
-                                    else grad)
+            scale = self.weights * (grad / self.count if self.reduction == "mean" else grad)
         # The node is freed after this single backward, so its buffer can be scaled in place
         # instead of allocating another (N, V) array.
         probs, self.probs = self.probs, None
@@ -233,7 +235,7 @@ def attention_weights(scaled_q, k, mask=None):
     if kernels.fused(scores):
         return kernels.softmax_forward(scores, -1, mask=mask)
     if mask is not None:
-        xp.copyto(scores, xp.asarray(xp.finfo(scores.dtype).min, dtype=scores.dtype),
+        xp.copyto(scores, xp.asarray(backend.finfo(scores.dtype).min, dtype=scores.dtype),
                   where=~mask)
     return _softmax(scores, -1)
 

@@ -1,0 +1,183 @@
+"""The whole model on the GPU: the same numbers as on the CPU, mixed precision that tracks
+float32, and incremental decoding. Skipped without CuPy and a GPU (bench/gpu_check.sh runs
+these on one); the op-by-op and kernel-by-kernel checks are in tests/test_kernels.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tinytf
+from tinytf import amp, backend, kernels, search
+from tinytf.optim import Adam
+from tinytf.transformer import Transformer, TransformerConfig, label_smoothed_loss
+
+
+def _cupy_or_reason():
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return None, "no GPU visible to CuPy"
+        return cupy, ""
+    except Exception as e:  # ImportError, or CUDA errors without a driver
+        return None, f"CuPy is not usable ({type(e).__name__})"
+
+
+cp, _why = _cupy_or_reason()
+pytestmark = pytest.mark.skipif(cp is None, reason=f"needs a GPU: {_why}")
+
+V = 101
+
+
+def small_config(**kw) -> TransformerConfig:
+    base = dict(vocab_size=V, d_model=64, n_heads=4, d_ff=128, n_encoder_layers=2,
+                n_decoder_layers=2, dropout=0.0, max_len=64)
+    base.update(kw)
+    return TransformerConfig.preset("tiny", **base)
+
+
+def batch(seed=0, b=6, s=11, t=9):
+    """A padded batch: ids in [4, V), rows of different lengths (pads 0 at the end)."""
+    g = np.random.default_rng(seed)
+    src = g.integers(4, V, (b, s))
+    tgt = g.integers(4, V, (b, t))
+    for i in range(b):
+        src[i, s - i:] = 0
+        tgt[i, t - i // 2:] = 0
+    tgt_in = np.concatenate([np.ones((b, 1), np.int64), tgt[:, :-1]], axis=1)
+    return src, tgt_in, tgt
+
+
+def loss_and_grads(model, src, tgt_in, tgt, precision="float32"):
+    model.zero_grad()
+    with amp.autocast(precision):
+        logits = model(src, tgt_in)
+        loss, n = label_smoothed_loss(logits, tgt, eps=0.1)
+        loss.backward()
+    grads = {name: backend.to_numpy(p.grad).astype(np.float64)
+             for name, p in model.named_parameters()}
+    return float(loss.item()) / n, grads
+
+
+def test_transformer_loss_and_every_gradient_equal_the_cpu():
+    tinytf.manual_seed(0)
+    model = Transformer(small_config()).train()
+    data = batch()
+    loss_cpu, g_cpu = loss_and_grads(model, *data)
+    model.to("gpu")
+    assert model.embed.weight.device == "gpu"
+    kernels.calls.clear()
+    loss_gpu, g_gpu = loss_and_grads(model, *(cp.asarray(a) for a in data))
+    # The fused kernels and cuBLAS ran (not a silent fallback to NumPy-style code).
+    for name in ("layer_norm_forward", "softmax_forward", "cross_entropy_forward", "matmul",
+                 "bias_grad"):
+        assert kernels.calls.get(name, 0) > 0, name
+    assert loss_gpu == pytest.approx(loss_cpu, rel=1e-5)
+    for name in g_cpu:
+        np.testing.assert_allclose(g_gpu[name], g_cpu[name], rtol=2e-3, atol=2e-6,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16", "fp16"])
+def test_mixed_precision_gradients_track_float32(precision):
+    tinytf.manual_seed(0)
+    model = Transformer(small_config()).to("gpu").train()
+    data = [cp.asarray(a) for a in batch()]
+    loss32, g32 = loss_and_grads(model, *data)
+    loss, g = loss_and_grads(model, *data, precision=precision)
+    assert loss == pytest.approx(loss32, rel=2e-2)
+    flat32 = np.concatenate([g32[k].ravel() for k in sorted(g32)])
+    flat = np.concatenate([g[k].ravel() for k in sorted(g)])
+    cosine = flat @ flat32 / (np.linalg.norm(flat) * np.linalg.norm(flat32))
+    assert cosine > 0.99, cosine
+    # Master weights and their gradients stay float32 whatever the compute dtype.
+    assert all(p.grad.dtype == np.float32 for _, p in model.named_parameters())
+
+
+def test_bf16_training_steps_lower_the_loss_with_float32_adam_state():
+    tinytf.manual_seed(0)
+    model = Transformer(small_config()).to("gpu").train()
+    opt = Adam(model.named_parameters(), lr=3e-3)
+    src, tgt_in, tgt = (cp.asarray(a) for a in batch())
+    losses = []
+    for _ in range(30):
+        with amp.autocast("bf16"):
+            logits = model(src, tgt_in)
+            loss, n = label_smoothed_loss(logits, tgt, eps=0.1)
+            (loss * (1.0 / n)).backward()
+            opt.step()
+            opt.zero_grad()
+        losses.append(float(loss.item()) / n)
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert all(m.dtype == np.float32 for m in opt.exp_avg.values())
+    assert all(p.dtype == np.float32 for _, p in model.named_parameters())
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # float16 overflow is the point
+def test_fp16_loss_scaling_skips_overflow_and_trains():
+    tinytf.manual_seed(0)
+    model = Transformer(small_config()).to("gpu").train()
+    opt = Adam(model.named_parameters(), lr=3e-3)
+    scaler = amp.DynamicLossScaler(init_scale=2.0 ** 24)   # overflows at first, on purpose
+    src, tgt_in, tgt = (cp.asarray(a) for a in batch())
+    losses = []
+    for _ in range(30):
+        with amp.autocast("fp16"):
+            logits = model(src, tgt_in)
+            loss, n = label_smoothed_loss(logits, tgt, eps=0.1)
+            scaler.scale_loss(loss).backward()
+            scaler.step(opt, extra_factor=1.0 / n)
+            opt.zero_grad()
+        losses.append(float(loss.item()) / n)
+    assert scaler.skipped_steps >= 1 and scaler.scale < 2.0 ** 24
+    assert losses[-1] < 0.6 * losses[0], losses
+
+
+def test_incremental_decoding_matches_the_cpu():
+    tinytf.manual_seed(1)
+    model = Transformer(small_config()).eval()
+    src = batch(seed=3)[0]
+    steps = {}
+    for device in ("cpu", "gpu"):
+        model.to(device)
+        s = backend.to_device(src, device)
+        with tinytf.no_grad():
+            state = model.start_decoding(model.encode(s), s)
+            tokens = np.ones(len(src), np.int64)
+            out = []
+            for t in range(5):
+                logp = backend.to_numpy(model.decode_step(tokens, state))
+                out.append(logp)
+                tokens = np.full(len(src), 4 + t, np.int64)   # the same forced prefix
+        steps[device] = out
+    for a, b in zip(steps["gpu"], steps["cpu"]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_beam_search_runs_on_the_gpu_like_on_the_cpu():
+    tinytf.manual_seed(2)
+    model = Transformer(small_config()).eval()
+    src = batch(seed=4)[0]
+    results = {}
+    for device in ("cpu", "gpu"):
+        model.to(device)
+        s = backend.to_device(src, device)
+        with tinytf.no_grad():
+            state = model.start_decoding(model.encode(s), s)
+            hyps = search.beam_search(model.decode_step, state, len(src), np.full(len(src), 12),
+                                      beam_size=4)
+        results[device] = [(nbest[0].tokens, nbest[0].score) for nbest in hyps]
+    for (tok_g, score_g), (tok_c, score_c) in zip(results["gpu"], results["cpu"]):
+        assert score_g == pytest.approx(score_c, abs=1e-3)
+        assert tok_g == tok_c
+
+
+def test_a_gpu_model_saves_and_loads_through_numpy():
+    tinytf.manual_seed(0)
+    gpu_model = Transformer(small_config()).to("gpu")
+    state = gpu_model.state_dict()
+    assert all(isinstance(v, np.ndarray) for v in state.values())
+    cpu_model = Transformer(small_config())
+    cpu_model.load_state_dict(state)
+    for (name, a), (_, b) in zip(gpu_model.named_parameters(), cpu_model.named_parameters()):
+        np.testing.assert_array_equal(backend.to_numpy(a.data), b.data, err_msg=name)
