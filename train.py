@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue exactly from RUNDIR/checkpoint_last.npz")
     p.add_argument("--device", choices=["cpu", "gpu"], default=d.device,
                    help=f"NumPy or CuPy (default: {d.device})")
+    p.add_argument("--precision", choices=["float32", "tf32", "bf16", "fp16"],
+                   default=d.precision,
+                   help="float32; tf32 (float32 products on TF32 tensor cores); bf16 or fp16 "
+                        "(16-bit products, float32 master weights; fp16 with dynamic loss "
+                        "scaling). On the CPU bf16 is emulated: right numerics, no speed-up "
+                        f"(default: {d.precision})")
     p.add_argument("--log-interval", type=int, default=d.log_interval, metavar="N",
                    help=f"steps per log line (default: {d.log_interval})")
     p.add_argument("--save-interval", type=int, metavar="N", help="steps between checkpoints")
@@ -85,6 +91,7 @@ def config_from_args(args) -> TrainConfig:
         max_tokens=args.max_tokens, update_freq=args.update_freq, max_steps=args.max_steps,
         max_minutes=args.max_minutes, warmup=args.warmup, lr_factor=args.lr_factor,
         vocab_size=args.vocab_size, seed=args.seed, resume=args.resume, device=args.device,
+        precision=args.precision,
         log_interval=args.log_interval, save_interval=args.save_interval,
         valid_interval=args.valid_interval, keep_last=args.keep_last, clip_norm=args.clip_norm)
     cfg = apply_overrides(cfg, args.set)

@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print sacrebleu's BLEU against these references, with its signature")
     p.add_argument("--device", choices=("cpu", "gpu"), default=backend.default_device(),
                    help="where to run the model (default: $TINYTF_DEVICE or cpu)")
+    p.add_argument("--precision", choices=("float32", "tf32", "bf16", "fp16"),
+                   default="float32",
+                   help="compute precision of the model's products (tinytf.amp; bf16 and "
+                        "tf32 pay off on a GPU; default: float32)")
     p.add_argument("--errors", choices=("strict", "replace"), default="strict",
                    help="invalid UTF-8 in the input: stop with an error naming the line, or "
                         "replace the bad bytes with U+FFFD (default: strict)")
@@ -99,7 +103,8 @@ def main(argv=None) -> int:
         lines = read_text_lines(args.input, args.errors)
         references = (read_references(args.reference, len(lines), args.errors)
                       if args.reference else None)
-        translator = Translator.load(args.model, average=args.average, device=args.device)
+        translator = Translator.load(args.model, average=args.average, device=args.device,
+                                     precision=args.precision)
         options = SearchOptions(beam_size=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
                                 max_len_b=args.max_len_b, nbest=args.nbest)
         progress = Progress(every=5.0) if not args.quiet else None

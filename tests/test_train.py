@@ -225,3 +225,48 @@ def test_ctrl_c_saves_a_checkpoint_and_ends_cleanly(data_dir, tmp_path):
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["stopped"] == "signal" and 2 <= summary["steps"] < 100000
     assert checkpoint.load(out / checkpoint.LAST).step == summary["steps"]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # float16 overflow is the point
+def test_fp16_training_skips_overflows_and_resumes_with_the_loss_scale(data_dir, tmp_path):
+    """--precision fp16 (float16 on NumPy): the first steps overflow at the initial scale
+    2^16 and are skipped with the scale halved, without counting as bad steps; the scale
+    is saved in the checkpoint and a resumed run starts from it."""
+    cfg = _config(data_dir, tmp_path / "fp16", max_steps=4, precision="fp16")
+    t = trainer.Trainer(cfg, log_stream=open(os.devnull, "w"))
+    summary = t.train()
+    assert summary["steps"] == 4 and summary["precision"] == "fp16"
+    scale = t.scaler.scale
+    assert scale < 2.0 ** 16 and t.scaler.skipped_steps == summary["skipped_steps"] >= 1
+    assert all(p.dtype == np.float32 for _, p in t.model.named_parameters())
+    saved = checkpoint.load(tmp_path / "fp16" / checkpoint.LAST).meta["loss_scaler"]
+    assert saved["scale"] == scale and saved["enabled"]
+    resumed = trainer.Trainer(_config(data_dir, tmp_path / "fp16", max_steps=6,
+                                      precision="fp16", resume=True),
+                              log_stream=open(os.devnull, "w"))
+    assert resumed.scaler.scale == scale
+    assert resumed.train()["steps"] == 6
+
+
+def test_bf16_emulated_training_tracks_float32(data_dir, tmp_path):
+    """--precision bf16 on the CPU rounds the products' inputs to bfloat16 (emulated): the
+    run differs from float32 in its low bits only, and the master weights stay float32."""
+    runs = {}
+    for precision in ("float32", "bf16"):
+        cfg = _config(data_dir, tmp_path / precision, max_steps=3, precision=precision)
+        t = trainer.Trainer(cfg, log_stream=open(os.devnull, "w"))
+        runs[precision] = (t.train(), t)
+    (s32, t32), (s16, t16) = runs["float32"], runs["bf16"]
+    assert s16["precision"] == "bf16" and s16["skipped_steps"] == 0
+    assert s16["dev_loss"] == pytest.approx(s32["dev_loss"], rel=2e-2)
+    pairs = list(zip(t32.model.named_parameters(), t16.model.named_parameters()))
+    assert all(b.dtype == np.float32 for _, (_, b) in pairs)
+    assert any(not np.array_equal(a.data, b.data) for (_, a), (_, b) in pairs)
+
+
+def test_unknown_precision_is_a_clear_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        _train_main(capsys, "--out", str(tmp_path / "x"), "--precision", "fp8")
+    assert e.value.code == 2 and "--precision" in capsys.readouterr().err
+    with pytest.raises(TrainError, match="--precision"):
+        TrainConfig(precision="fp8").resolved()

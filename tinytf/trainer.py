@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from . import backend, checkpoint, distributed
+from . import amp, backend, checkpoint, distributed
 from .bpe import BOS_ID, BPE, EOS_ID, PAD_ID
 from .data import BatchIterator, ParallelCorpus, read_parallel
 from .optim import Adam, clip_grad_norm, grad_norm, noam_lr
@@ -83,6 +83,7 @@ class TrainConfig:
     seed: int = 1
     resume: bool = False
     device: str = "cpu"
+    precision: str = "float32"        # float32 | tf32 | bf16 | fp16 (tinytf.amp)
     log_interval: int = 10
     save_interval: int | None = None  # steps between checkpoints
     valid_interval: int | None = None  # steps between validations (default: save_interval)
@@ -129,6 +130,9 @@ class TrainConfig:
                              f"{sorted(TransformerConfig.PRESETS)}")
         if self.device not in ("cpu", "gpu"):
             raise TrainError(f"--device {self.device!r}: choose cpu or gpu")
+        if self.precision not in amp.PRECISIONS:
+            raise TrainError(f"--precision {self.precision!r}: choose from "
+                             f"{', '.join(amp.PRECISIONS)}")
         positive = ("max_tokens", "update_freq", "warmup", "vocab_size", "log_interval",
                     "save_interval", "valid_interval", "train_max_len", "max_bad_steps")
         for key in positive:
@@ -401,6 +405,10 @@ class Trainer:
         self.comm.broadcast_params(self.model)
         self.params = self.model.named_parameters()
         self.optimizer = Adam(self.params, lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+        # Mixed precision (docs/gpu.md): float32 master weights and Adam state whatever the
+        # policy; a loss scaler only for fp16 (a pass-through otherwise).
+        self.policy = amp.Policy(cfg.precision)
+        self.scaler = amp.DynamicLossScaler(enabled=self.policy.loss_scaling)
 
         self.train_data = ParallelCorpus(train_src, train_tgt, self.bpe, cfg.train_max_len,
                                          name=f"{paths['train'][0]} / {paths['train'][1]}")
@@ -487,9 +495,12 @@ class Trainer:
             backend.set_rng_state(ckpt.meta["rng_state"])
         self.step = ckpt.step
         self.skipped = int(ckpt.meta.get("skipped_steps", 0))
+        if self.scaler.enabled and ckpt.meta.get("loss_scaler", {}).get("enabled"):
+            self.scaler.load_state_dict(ckpt.meta["loss_scaler"])
         self.best_dev_loss = ckpt.meta.get("best_dev_loss")
         old = ckpt.meta.get("train_config", {})
-        changed = [k for k in ("seed", "max_tokens", "update_freq", "warmup", "lr_factor")
+        changed = [k for k in ("seed", "max_tokens", "update_freq", "warmup", "lr_factor",
+                                "precision")
                    if k in old and old[k] != getattr(self.cfg, k)]
         if changed:
             self.log.info("warning: resuming with changed " + ", ".join(
@@ -503,7 +514,8 @@ class Trainer:
             f"{'resuming at step ' + str(self.step) if self.step else 'training'} "
             f"{cfg.config} (d_model {mc.d_model}, {mc.n_encoder_layers}+{mc.n_decoder_layers} "
             f"layers, {self.model.num_parameters():,} parameters) on {self.comm.size} "
-            f"process{'es' if self.comm.size > 1 else ''}, device {self.device}")
+            f"process{'es' if self.comm.size > 1 else ''}, device {self.device}, "
+            f"precision {self.policy.name}")
         self.log.info(
             f"data: {len(data):,} training pairs ({data.n_skipped_long} longer than "
             f"{cfg.train_max_len} tokens and {data.n_skipped_empty} with an empty side "
@@ -525,38 +537,60 @@ class Trainer:
     def train_step(self, batches) -> dict:
         """Accumulate the summed loss of ``batches``, all-reduce, scale by 1 / global target
         tokens, clip, and take one Adam step (or skip it if the loss or a gradient is not
-        finite). Returns the step's global loss per token, tokens and gradient norm."""
+        finite). Returns the step's global loss per token, tokens and gradient norm.
+
+        The whole step runs under the precision policy (``amp.autocast``), backward too, so
+        that TF32 applies to the backward products as well. Under fp16 the loss is
+        multiplied by the scaler's S before backward and the gradients by 1 / S in the
+        all-reduce's scaling pass; an overflow skips the step and lowers S (``"overflow"``),
+        which is routine for fp16 and does not count as a bad step. On the GPU the step
+        reads two numbers back to the host: the loss and the gradient norm.
+        """
         backend.manual_seed(_step_seed(self.cfg.seed, self.comm.rank, self.step + 1))
         self.model.train()
-        loss_sum, tokens = 0.0, 0
-        for batch in batches:
-            src = backend.to_device(batch.src, self.device)
-            tgt_in = backend.to_device(batch.tgt_in, self.device)
-            tgt_out = backend.to_device(batch.tgt_out, self.device)
-            logits = self.model(src, tgt_in)
-            loss, n = label_smoothed_loss(logits, tgt_out, eps=self.model_cfg.label_smoothing)
-            loss.backward()
-            loss_sum += float(loss.item())
-            tokens += n
-        loss_sum, tokens = self.comm.allreduce_scalars([loss_sum, float(tokens)])
-        self.comm.allreduce_grads(self.model, scale=1.0 / tokens)
-        if self.cfg.clip_norm > 0:
-            norm = clip_grad_norm(self.params, self.cfg.clip_norm)
-        else:
-            norm = grad_norm(self.params)
-        loss = loss_sum / tokens
-        result = {"loss": loss, "tokens": int(tokens), "gnorm": norm, "skipped": False}
-        if not (math.isfinite(loss) and math.isfinite(norm)):
-            # Every rank sees the same all-reduced numbers, so every rank skips together.
+        loss_sum, tokens = None, 0
+        with amp.autocast(self.policy):
+            for batch in batches:
+                src = backend.to_device(batch.src, self.device)
+                tgt_in = backend.to_device(batch.tgt_in, self.device)
+                tgt_out = backend.to_device(batch.tgt_out, self.device)
+                logits = self.model(src, tgt_in)
+                loss, _ = label_smoothed_loss(logits, tgt_out,
+                                              eps=self.model_cfg.label_smoothing)
+                self.scaler.scale_loss(loss).backward()
+                loss_sum = loss.data if loss_sum is None else loss_sum + loss.data
+                tokens += batch.n_tgt_tokens
+            loss_sum, tokens = self.comm.allreduce_scalars([float(loss_sum), float(tokens)])
+            scale = self.scaler.scale if self.scaler.enabled else 1.0
+            self.comm.allreduce_grads(self.model, scale=1.0 / (tokens * scale))
+            if self.cfg.clip_norm > 0:
+                norm = clip_grad_norm(self.params, self.cfg.clip_norm)
+            else:
+                norm = grad_norm(self.params)
+            loss = loss_sum / tokens
+            result = {"loss": loss, "tokens": int(tokens), "gnorm": norm, "skipped": False,
+                      "overflow": False}
+            finite = math.isfinite(loss) and math.isfinite(norm)
+            if self.scaler.enabled:
+                try:
+                    self.scaler.update(found_inf=not finite)
+                except FloatingPointError as e:
+                    raise TrainError(f"fp16: {e}; the forward pass overflows float16 at "
+                                     "any loss scale: train with --precision bf16") from None
+            if not finite:
+                # Every rank sees the same all-reduced numbers, so every rank skips together.
+                self.optimizer.zero_grad()
+                result["skipped"] = True
+                if self.scaler.enabled:
+                    result["overflow"] = True
+                else:
+                    self.bad_in_a_row += 1
+                self.skipped += 1
+                return result
+            self.bad_in_a_row = 0
+            self.optimizer.lr = self.lr(self.step + 1)
+            self.optimizer.step()
             self.optimizer.zero_grad()
-            self.bad_in_a_row += 1
-            self.skipped += 1
-            result["skipped"] = True
-            return result
-        self.bad_in_a_row = 0
-        self.optimizer.lr = self.lr(self.step + 1)
-        self.optimizer.step()
-        self.optimizer.zero_grad()
         self.step += 1
         return result
 
@@ -565,12 +599,13 @@ class Trainer:
     def validate(self, bleu_sentences: int | None = None) -> dict:
         """Dev loss and greedy dev BLEU (on the first ``bleu_sentences`` pairs; all if 0)."""
         t0 = time.perf_counter()
-        metrics = evaluate_loss(self.model, self.dev_data, self.cfg.max_tokens,
-                                self.model_cfg.label_smoothing, self.device)
-        src, ref = self.dev_lines
-        if bleu_sentences:
-            src, ref = src[:bleu_sentences], ref[:bleu_sentences]
-        hyps = greedy_translate(self.model, self.bpe, src, self.device)
+        with amp.autocast(self.policy):
+            metrics = evaluate_loss(self.model, self.dev_data, self.cfg.max_tokens,
+                                    self.model_cfg.label_smoothing, self.device)
+            src, ref = self.dev_lines
+            if bleu_sentences:
+                src, ref = src[:bleu_sentences], ref[:bleu_sentences]
+            hyps = greedy_translate(self.model, self.bpe, src, self.device)
         metrics["dev_bleu"] = bleu(hyps, ref)
         metrics["dev_bleu_sentences"] = len(src)
         metrics["valid_seconds"] = time.perf_counter() - t0
@@ -589,6 +624,7 @@ class Trainer:
             "train_config": self.cfg.to_dict(),
             "bpe": {"file": BPE_FILE, "sha256": self.bpe_sha},
             "skipped_steps": self.skipped,
+            "loss_scaler": self.scaler.state_dict(),
             "best_dev_loss": self.best_dev_loss,
             "metrics": {k: v for k, v in (metrics or {}).items()},
             "world_size": self.comm.size,
@@ -619,6 +655,10 @@ class Trainer:
                     break
                 result = self.train_step([next(stream) for _ in range(cfg.update_freq)])
                 total_tokens += result["tokens"]
+                if result["overflow"]:
+                    self.log.info(f"step {self.step + 1}: fp16 gradients overflowed; update "
+                                  f"skipped, loss scale lowered to {self.scaler.scale:g}")
+                    continue
                 if result["skipped"]:
                     self.log.info(
                         f"step {self.step + 1}: non-finite loss ({result['loss']:.4g}) or "
@@ -671,6 +711,7 @@ class Trainer:
                    "target_tokens_per_s": round(
                        total_tokens / max(train_seconds - valid_seconds, 1e-9), 1),
                    "skipped_steps": self.skipped, "ranks": comm.size,
+                   "precision": self.policy.name,
                    "parameters": self.model.num_parameters(), "run_dir": self.run_dir}
         if self.root:
             summary.update(self._finish(saved_step))
@@ -690,7 +731,8 @@ class Trainer:
             out["checkpoint"] = os.path.join(self.run_dir, f"checkpoint_{self.step}.npz")
         if self.cfg.test_bleu and self.test_lines is not None:
             t0 = time.perf_counter()
-            hyps = greedy_translate(self.model, self.bpe, self.test_lines[0], self.device)
+            with amp.autocast(self.policy):
+                hyps = greedy_translate(self.model, self.bpe, self.test_lines[0], self.device)
             out["test_bleu"] = round(bleu(hyps, self.test_lines[1]), 2)
             self.log.info(f"test BLEU {out['test_bleu']:.2f} (greedy, "
                           f"{len(hyps)} sentences, {time.perf_counter() - t0:.0f}s)")
@@ -718,7 +760,9 @@ class Trainer:
         self.log.info(
             f"step {self.step} | epoch {self.batches.epoch} | loss {loss:.3f} | "
             f"ppl {math.exp(min(loss, 50.0)):.1f} | lr {lr:.2e} | "
-            f"gnorm {window['gnorm'] / steps:.3f} | tok/s {tok_s:,.0f} | "
+            f"gnorm {window['gnorm'] / steps:.3f} | "
+            + (f"scale {self.scaler.scale:g} | " if self.scaler.enabled else "")
+            + f"tok/s {tok_s:,.0f} | "
             f"elapsed {format_seconds(elapsed)} | eta {format_seconds(eta)}")
         self.log.record(step=self.step, epoch=self.batches.epoch, loss=loss, lr=lr,
                         gnorm=window["gnorm"] / steps, tokens_per_s=tok_s, elapsed=elapsed)
