@@ -92,10 +92,10 @@ class Device:
         return self.xp.get_default_memory_pool().total_bytes() / 2 ** 30 if self.gpu else 0.0
 
 
-def tinytf_train(dev: Device, cfg, mode: str, batch, steps: int, warmup: int,
-                 profile_dir=None) -> dict:
+def _tinytf_step_fn(dev: Device, cfg, mode: str, batch):
+    """(step, model): one training step of a fresh model under precision ``mode``."""
     import tinytf
-    from tinytf import amp, kernels, transformer
+    from tinytf import amp, transformer
     from tinytf import functional as F
     from tinytf.optim import Adam
 
@@ -105,8 +105,7 @@ def tinytf_train(dev: Device, cfg, mode: str, batch, steps: int, warmup: int,
     opt = Adam(model.named_parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
     scaler = amp.DynamicLossScaler(enabled=amp.Policy(mode).loss_scaling)
     src, tgt_in, tgt_out = batch
-    ntok = int(tgt_out.size)
-    v = cfg.vocab_size
+    ntok, v = int(tgt_out.size), cfg.vocab_size
 
     def step():
         # Backward inside the block too: TF32 is a switch, not a dtype carried by the graph.
@@ -122,7 +121,15 @@ def tinytf_train(dev: Device, cfg, mode: str, batch, steps: int, warmup: int,
             scaler.update(found_inf)
             opt.zero_grad()
         step.loss = loss
+    return step, model
 
+
+def tinytf_train(dev: Device, cfg, mode: str, batch, steps: int, warmup: int,
+                 profile_dir=None) -> dict:
+    from tinytf import kernels
+
+    step, _ = _tinytf_step_fn(dev, cfg, mode, batch)
+    ntok = int(batch[2].size)
     kernels.calls.clear()
     times = timed(step, steps, warmup, dev.sync)
     loss = float(step.loss.item()) / ntok
@@ -151,33 +158,6 @@ def tinytf_train(dev: Device, cfg, mode: str, batch, steps: int, warmup: int,
             pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(40)
         out["profile"] = path
     return out
-
-
-def _tinytf_step_fn(dev: Device, cfg, mode: str, batch):
-    """(step, model): one training step of a fresh ``base`` model under ``mode``."""
-    import tinytf
-    from tinytf import amp, transformer
-    from tinytf import functional as F
-    from tinytf.optim import Adam
-
-    dev.free()
-    tinytf.manual_seed(0)
-    model = transformer.Transformer(cfg).to(dev.name).train()
-    opt = Adam(model.named_parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-    src, tgt_in, tgt_out = batch
-    ntok, v = int(tgt_out.size), cfg.vocab_size
-
-    def step():
-        with amp.autocast(mode):
-            logits = model(src, tgt_in)
-            loss = F.cross_entropy(logits.reshape(-1, v), tgt_out.reshape(-1),
-                                   label_smoothing=cfg.label_smoothing, ignore_index=0,
-                                   reduction="sum")
-            (loss * (1.0 / ntok)).backward()
-            opt.step()
-            opt.zero_grad()
-        step.loss = loss
-    return step, model
 
 
 def op_profile(dev: Device, cfg, mode: str, batch, path: str) -> dict:

@@ -133,23 +133,30 @@ def test_fp16_loss_scaling_skips_overflow_and_trains():
     assert losses[-1] < 0.6 * losses[0], losses
 
 
-def test_incremental_decoding_matches_the_cpu():
-    tinytf.manual_seed(1)
-    model = Transformer(small_config()).eval()
-    src = batch(seed=3)[0]
-    steps = {}
+def decode_on_each_device(model, src, search_fn) -> dict:
+    """{device: search_fn(model, state)} with the model and ``src`` moved to each device."""
+    results = {}
     for device in ("cpu", "gpu"):
         model.to(device)
         s = backend.to_device(src, device)
         with tinytf.no_grad():
             state = model.start_decoding(model.encode(s), s)
-            tokens = np.ones(len(src), np.int64)
-            out = []
-            for t in range(5):
-                logp = backend.to_numpy(model.decode_step(tokens, state))
-                out.append(logp)
-                tokens = np.full(len(src), 4 + t, np.int64)   # the same forced prefix
-        steps[device] = out
+            results[device] = search_fn(model, state)
+    return results
+
+
+def test_incremental_decoding_matches_the_cpu():
+    tinytf.manual_seed(1)
+    model = Transformer(small_config()).eval()
+    src = batch(seed=3)[0]
+
+    def five_forced_steps(model, state):
+        tokens, out = np.ones(len(src), np.int64), []
+        for t in range(5):
+            out.append(backend.to_numpy(model.decode_step(tokens, state)))
+            tokens = np.full(len(src), 4 + t, np.int64)   # the same forced prefix
+        return out
+    steps = decode_on_each_device(model, src, five_forced_steps)
     for a, b in zip(steps["gpu"], steps["cpu"]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
@@ -158,15 +165,12 @@ def test_beam_search_runs_on_the_gpu_like_on_the_cpu():
     tinytf.manual_seed(2)
     model = Transformer(small_config()).eval()
     src = batch(seed=4)[0]
-    results = {}
-    for device in ("cpu", "gpu"):
-        model.to(device)
-        s = backend.to_device(src, device)
-        with tinytf.no_grad():
-            state = model.start_decoding(model.encode(s), s)
-            hyps = search.beam_search(model.decode_step, state, len(src), np.full(len(src), 12),
-                                      beam_size=4)
-        results[device] = [(nbest[0].tokens, nbest[0].score) for nbest in hyps]
+
+    def beam(model, state):
+        hyps = search.beam_search(model.decode_step, state, len(src), np.full(len(src), 12),
+                                  beam_size=4)
+        return [(nbest[0].tokens, nbest[0].score) for nbest in hyps]
+    results = decode_on_each_device(model, src, beam)
     for (tok_g, score_g), (tok_c, score_c) in zip(results["gpu"], results["cpu"]):
         assert score_g == pytest.approx(score_c, abs=1e-3)
         assert tok_g == tok_c
