@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Without --max-steps and --max-minutes, training stops after 10 minutes.\n"
                "Per-preset defaults:\n"
-               "  tiny:             --max-tokens 1024 --vocab-size 4000 --warmup 100 --lr-factor 0.5 "
+               "  tiny:             --max-tokens 1024 --vocab-size 4000 --warmup 100 --lr-factor 0.2 "
                "--save-interval 100\n"
                "  small, base, big: --max-tokens 4096 --warmup 4000 --lr-factor 1 "
                "--save-interval 1000 (the paper's schedule)\n"

@@ -107,6 +107,34 @@ def test_base_parameter_count():
     assert 60e6 < count < 66e6
 
 
+def test_tiny_initialisation_statistics():
+    """fairseq's init: E ~ N(0, d^-1/2), each projection xavier-uniform, biases 0, LayerNorm
+    1/0; so embedded tokens have unit variance, logits start near unit scale and the first
+    loss is close to ln V (an N(0, 1) table would give logits of std ~sqrt(d) and loss ~100)."""
+    backend.manual_seed(1)
+    c = TransformerConfig.preset("tiny", vocab_size=4000, dropout=0.0)
+    model = Transformer(c)
+    d = c.d_model
+    for name, p in model.named_parameters():
+        w = p.data
+        if name == "embed.weight":
+            assert abs(w.std() - d ** -0.5) < 0.01 * d ** -0.5
+        elif name.endswith("norm.weight"):
+            assert np.all(w == 1.0), name
+        elif name.endswith("bias"):
+            assert np.all(w == 0.0), name
+        else:
+            fan_out = {"qkv": 3, "kv": 2}.get(name.split(".")[-2], 1)
+            bound = np.sqrt(6.0 / (w.shape[0] // fan_out + w.shape[1]))
+            assert np.abs(w).max() <= bound and w.std() > 0.95 * bound / np.sqrt(3), name
+    rng = np.random.default_rng(0)
+    src, tgt = random_batch(rng, 8, 12, 10, c.vocab_size)
+    logits = model(src, tgt)
+    assert 0.8 < float(logits.data.std()) < 1.25
+    loss, n = label_smoothed_loss(logits, np.roll(tgt, -1, axis=1), 0.1)
+    assert abs(loss.item() / n - np.log(c.vocab_size)) < 1.0
+
+
 # ----------------------------------------------------------------------------------------
 # shapes, dtypes, masks
 # ----------------------------------------------------------------------------------------
