@@ -76,11 +76,13 @@ class LayerNorm(Function):
             self.save_for_backward(x_hat, rstd, weight)
             return out
         xp = get_array_module(x)
-        mean = x.mean(axis=-1, keepdims=True)
-        xc = x - mean
-        var = (xc * xc).mean(axis=-1, keepdims=True)
-        rstd = 1.0 / xp.sqrt(var + eps)
-        x_hat = xc
+        d = x.shape[-1]
+        # Few passes, one new buffer besides the output: x_hat starts as x - mean and is
+        # scaled in place; the variance is the row-wise dot product of x - mean with itself
+        # (einsum: no squared temporary; subtracting the mean first keeps float32 accurate).
+        x_hat = x - x.mean(axis=-1, keepdims=True)
+        var = xp.einsum("...i,...i->...", x_hat, x_hat)[..., None]
+        rstd = 1.0 / xp.sqrt(var * (1.0 / d) + eps)
         x_hat *= rstd
         self.save_for_backward(x_hat, rstd, weight)
         out = x_hat * weight if weight is not None else x_hat.copy()
@@ -93,19 +95,28 @@ class LayerNorm(Function):
         if kernels.fused(x_hat):
             need = self.needs_input_grad + (False, False)
             return kernels.layer_norm_backward(grad, x_hat, rstd, weight, *need[:3])[:len(self.inputs)]
+        xp = get_array_module(grad)
         d = x_hat.shape[-1]
-        rows = tuple(range(grad.ndim - 1))
-        dx_hat = grad * weight if weight is not None else grad
         gx = None
         if self.needs_input_grad[0]:
-            gx = dx_hat - dx_hat.mean(axis=-1, keepdims=True)
-            gx -= x_hat * ((dx_hat * x_hat).sum(axis=-1, keepdims=True) * (1.0 / d))
+            # The two row reductions, mean(dx_hat) and mean(dx_hat * x_hat), then the rest
+            # in one buffer: gx = rstd * (dx_hat - mean(dx_hat) - x_hat * mean(dx_hat x_hat)).
+            dx_hat = grad * weight if weight is not None else grad
+            mean_dx_hat = dx_hat.mean(axis=-1, keepdims=True)
+            mean_dot = xp.einsum("...i,...i->...", dx_hat, x_hat)[..., None] * (1.0 / d)
+            gx = x_hat * mean_dot
+            xp.subtract(dx_hat, gx, out=gx)
+            gx -= mean_dx_hat
             gx *= rstd
         result = [gx]
+        # The parameter gradients sum over every row: (N, d) views, column sums (einsum for
+        # sum(grad * x_hat) without the product array).
+        g2, x_hat2 = grad.reshape(-1, d), x_hat.reshape(-1, d)
         if len(self.inputs) > 1:
-            result.append((grad * x_hat).sum(axis=rows) if self.needs_input_grad[1] else None)
+            result.append(xp.einsum("ij,ij->j", g2, x_hat2) if self.needs_input_grad[1]
+                          else None)
         if len(self.inputs) > 2:
-            result.append(grad.sum(axis=rows) if self.needs_input_grad[2] else None)
+            result.append(g2.sum(axis=0) if self.needs_input_grad[2] else None)
         return tuple(result)
 
 
