@@ -220,6 +220,33 @@ def test_no_grad_builds_no_graph():
     assert tinytf.is_grad_enabled()
 
 
+def test_several_outputs_share_one_node_and_free_it():
+    """Split's pieces: plain tensors under no_grad; with a graph, one node that backward
+    releases (no reference cycle between the pieces and their node)."""
+    x = f32(6)
+    with tinytf.no_grad():
+        pieces = F.split(x, 3)
+    assert all(p.is_leaf and not p.requires_grad for p in pieces)
+    gc.collect()
+    gc.disable()
+    try:
+        a, b = F.split(x * 2.0, 3)
+        node_ref = weakref.ref(a._ctx)
+        assert b._ctx is a._ctx
+        y = (a * b).sum()
+        del a, b
+        y.backward()
+        assert node_ref() is None
+    finally:
+        gc.enable()
+    np.testing.assert_allclose(x.grad, 2.0 * np.concatenate([2.0 * x.data[3:], 2.0 * x.data[:3]]))
+    a, b = F.split(x * 1.0, 3)
+    y1, y2 = a.sum(), (a + b).sum()
+    y1.backward()                  # frees a's node, which b shares
+    with pytest.raises(RuntimeError):
+        y2.backward()
+
+
 def test_detach_cuts_the_graph():
     x = f32(3)
     y = (x * 2.0).detach()
@@ -253,6 +280,7 @@ OPS = {  # name -> (fn of float32 leaves, shapes of the leaves)
     "transpose": (lambda a: a.transpose(1, 0), [(2, 3)]),
     "getitem": (lambda a: a[:, 1:].sum(axis=1) + a[np.array([1, 1]), 2], [(2, 3)]),
     "cat": (lambda a, b: tinytf.cat([a, b], axis=0), [(2, 3), (1, 3)]),
+    "split": (lambda a: tinytf.cat(F.split(a, [2, 1], axis=1)[::-1], axis=1), [(2, 3)]),
     "stack": (lambda a, b: tinytf.stack([a, b], axis=1), [(2, 3), (2, 3)]),
     "where": (lambda a, b: tinytf.where(MASK, a, b), [(2, 3), (2, 3)]),
     "masked_fill": (lambda a: a.masked_fill(MASK, float(np.finfo(np.float32).min)), [(2, 3)]),

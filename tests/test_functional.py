@@ -178,6 +178,42 @@ def test_cross_entropy_keeps_float32():
     assert loss.dtype == np.float32 and x.grad.dtype == np.float32
 
 
+def test_cross_entropy_reuses_its_buffer_only_when_nothing_holds_it():
+    """The (N, V) gradient buffer of one backward serves the next forward, unless someone
+    still refers to it; either way every gradient is right."""
+    rng = np.random.default_rng(0)
+    target = np.array([0, 3, 6, 2, 1])
+    xs = [rng.normal(size=(5, 7)).astype(np.float32) for _ in range(3)]
+    ops = tinytf.ops
+
+    def grad_of(x):
+        t = Tensor(x, requires_grad=True)
+        (F.cross_entropy(t, target, label_smoothing=0.1) * 2.0).backward()
+        return t.grad
+
+    def expected(x):
+        p = np.exp(x - x.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        p -= 0.1 / 7
+        p[np.arange(5), target] -= 0.9
+        return p * (2.0 / 5)
+
+    def address(a):
+        return a.__array_interface__["data"][0]
+
+    np.testing.assert_allclose(grad_of(xs[0]), expected(xs[0]), rtol=1e-5, atol=1e-7)
+    first = address(ops.CrossEntropy._spare)
+    held = ops.CrossEntropy._spare[:2]          # a view keeps the buffer referenced
+    kept = held.copy()
+    np.testing.assert_allclose(grad_of(xs[1]), expected(xs[1]), rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(held, kept)   # not overwritten: a new buffer was used
+    assert address(ops.CrossEntropy._spare) != first
+    second = address(ops.CrossEntropy._spare)
+    del held
+    np.testing.assert_allclose(grad_of(xs[2]), expected(xs[2]), rtol=1e-5, atol=1e-7)
+    assert address(ops.CrossEntropy._spare) == second   # free again: reused
+
+
 # ----- attention ---------------------------------------------------------------------------
 def np_attention(q, k, v, mask):
     s = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])

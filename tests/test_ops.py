@@ -330,6 +330,74 @@ def test_cat(case, layouts, seed):
     gradcheck(op, xs)
 
 
+@st.composite
+def split_case(draw):
+    shape = list(draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=3)))
+    axis = draw(st.integers(-len(shape), len(shape) - 1))
+    sizes = draw(st.lists(st.integers(0, 3), min_size=1, max_size=3).filter(sum))  # empty pieces too
+    shape[axis] = sum(sizes)
+    used = draw(st.lists(st.booleans(), min_size=len(sizes), max_size=len(sizes)))
+    return tuple(shape), sizes, axis, used
+
+
+@given(case=split_case(), layout=LAYOUTS, seed=SEEDS)
+def test_split(case, layout, seed):
+    """Each piece equals NumPy's; the gradient is checked with some pieces left unused
+    (their part of the gradient is zero) and the used ones weighted differently."""
+    shape, sizes, axis, used = case
+    rng = np.random.default_rng(seed)
+    a = make(rng, shape, layout)
+    x = leaf(a)
+    pieces = F.split(x, sizes, axis=axis)
+    bounds = np.cumsum(sizes)[:-1]
+    assert len(pieces) == len(sizes)
+    for p, expected in zip(pieces, np.split(a, bounds, axis=axis)):
+        close(p, expected)
+
+    def op(x):
+        parts = [p * float(i + 1) for i, (p, u) in enumerate(zip(F.split(x, sizes, axis=axis),
+                                                                  used)) if u]
+        return tinytf.cat(parts, axis=axis) if parts else (x * 0.0).sum()
+    gradcheck(op, [x])
+
+
+def test_split_int_sizes_and_errors():
+    x = leaf(np.arange(14.0).reshape(7, 2))
+    assert [p.shape for p in F.split(x, 3)] == [(3, 2), (3, 2), (1, 2)]   # as torch.split
+    assert [p.shape for p in tinytf.split(x, [2, 5])] == [(2, 2), (5, 2)]
+    with pytest.raises(ValueError):
+        F.split(x, [2, 2])
+    with pytest.raises(ValueError):
+        F.split(x, 0)
+
+
+def test_split_backward_runs_once_with_every_piece():
+    """The pieces share one node: its backward runs once, after all their gradients are in,
+    and writes them into one array; a piece nobody used contributes zeros."""
+    x = leaf(np.arange(6.0))
+    calls = []
+    real_backward = tinytf.ops.Split.backward
+
+    def spy(self, grads):
+        calls.append([None if g is None else g.copy() for g in grads])
+        return real_backward(self, grads)
+
+    tinytf.ops.Split.backward = spy
+    try:
+        a, b, c = F.split(x, 2)
+        y = (a * 2.0).sum() + (c * (b * 3.0).sum()).sum()    # c's gradient needs b first
+        y.backward()
+    finally:
+        tinytf.ops.Split.backward = real_backward
+    assert len(calls) == 1
+    np.testing.assert_array_equal(x.grad, [2.0, 2.0, 27.0, 27.0, 15.0, 15.0])
+    a, b, c = F.split(leaf(np.arange(6.0)), 2)
+    z = leaf(np.ones(2))
+    (b * z).sum().backward()                  # only the middle piece is reached
+    np.testing.assert_array_equal(z.grad, [2.0, 3.0])
+    assert b.is_leaf and not a.is_leaf        # the unreached pieces keep their node
+
+
 @given(shape=hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=3),
        n=st.integers(1, 3), data=st.data(), layouts=st.lists(LAYOUTS, min_size=3, max_size=3),
        seed=SEEDS)

@@ -6,10 +6,10 @@ primitive ops), :mod:`tinytf.functional` (``F``), :mod:`tinytf.nn` (modules),
 """
 from . import backend, functional, nn, optim
 from .backend import manual_seed
-from .functional import cat, stack, where
+from .functional import cat, split, stack, where
 from .tensor import Function, Tensor, is_grad_enabled, no_grad, tensor
 
 __version__ = "0.1.0"
 
 __all__ = ["Tensor", "Function", "tensor", "no_grad", "is_grad_enabled", "manual_seed",
-           "cat", "stack", "where", "backend", "functional", "nn", "optim", "__version__"]
+           "cat", "split", "stack", "where", "backend", "functional", "nn", "optim", "__version__"]

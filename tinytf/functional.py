@@ -100,6 +100,21 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask=None, dropout: float = 0.0,
     return out, ops.nn.attention_weights(scaled_q, k.data, mask)
 
 
+def split(x: Tensor, sizes, axis: int = 0) -> tuple:
+    """``x`` cut along ``axis`` into pieces (views), as ``torch.split``.
+
+    ``sizes`` is an int (every piece that long, the last one shorter if need be) or a list
+    of lengths that add up to ``x.shape[axis]``. One node with several outputs: backward
+    writes the pieces' gradients into one array.
+    """
+    n = x.shape[axis]
+    if isinstance(sizes, int):
+        if sizes < 1:
+            raise ValueError(f"split: a piece size must be >= 1, got {sizes}")
+        sizes = [min(sizes, n - lo) for lo in range(0, n, sizes)] or [0]
+    return ops.Split.apply(x, sizes=list(sizes), axis=axis)
+
+
 def cat(tensors, axis: int = 0) -> Tensor:
     """Concatenate tensors along an existing axis."""
     return ops.Concatenate.apply(*tensors, axis=axis)

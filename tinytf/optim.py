@@ -95,14 +95,17 @@ class Adam:
             if kernels.fused(p.data, g) and p.data.dtype == np.float32:
                 kernels.adam_step(p.data, g, m, v, self.lr, self.betas, self.eps, t)
                 continue
+            # In place, with one scratch array (each full pass over the parameters counts).
             m *= b1
             m += (1 - b1) * g
             v *= b2
-            v += (1 - b2) * (g * g)
-            denom = xp.sqrt(v)
+            scratch = g * g
+            scratch *= 1 - b2
+            v += scratch
+            denom = xp.sqrt(v, out=scratch)
             denom *= 1.0 / bias2_sqrt
             denom += self.eps
-            update = m / denom
+            update = xp.divide(m, denom, out=denom)
             update *= step_size
             p.data -= update
 

@@ -51,7 +51,14 @@ class Function:
     with :meth:`save_for_backward` (or as attributes). ``self.needs_input_grad[i]`` says
     whether input ``i`` wants a gradient, so backward can skip work nobody needs.
     ``backward`` must never modify ``grad`` in place: it may be shared with other nodes.
+
+    An op with several outputs (:class:`~tinytf.ops.Split`) returns a tuple of arrays from
+    ``forward``; ``apply`` then returns a tuple of Tensors sharing the one node, and
+    ``backward`` receives a tuple with one gradient per output (``None`` for an output that
+    got none), once, after every output's gradient is complete.
     """
+
+    n_outputs = 1  # set by ``apply`` when forward returns a tuple
 
     def __init__(self, *inputs: "Tensor"):
         self.inputs = inputs
@@ -74,6 +81,13 @@ class Function:
         ctx = cls(*inputs)
         out = ctx.forward(*(t.data for t in inputs), **kwargs)
         requires_grad = _grad_enabled and any(ctx.needs_input_grad)
+        if isinstance(out, tuple):  # several outputs: each records its place in the tuple
+            results = tuple(Tensor(o, requires_grad=requires_grad) for o in out)
+            if requires_grad:
+                ctx.n_outputs = len(results)
+                for i, result in enumerate(results):
+                    result._ctx, result._output_index = ctx, i
+            return results
         if not requires_grad:
             return Tensor(out)
         result = Tensor(out, requires_grad=True)
@@ -108,6 +122,7 @@ class Tensor:
         self.grad = None
         self.requires_grad = bool(requires_grad)
         self._ctx: Function | None = None
+        self._output_index = None  # which output of a several-output node (Split) this is
         self._freed = False  # set when backward has released the node that made this tensor
         if self.requires_grad and not backend.is_float(self.data.dtype):
             raise TypeError(f"only floating-point tensors can require a gradient, "
@@ -175,12 +190,31 @@ class Tensor:
         if grad.shape != self.shape:
             raise ValueError(f"gradient shape {grad.shape} != tensor shape {self.shape}")
 
+        order = _topological_order(self)
+        # A node with several outputs runs its backward once, when the last of its outputs
+        # in the walk is reached (then every output's gradient is complete): count them.
+        waiting = {}  # id(node) -> [outputs not yet reached, gradient of each output]
+        for node in order:
+            if node._output_index is not None:
+                entry = waiting.setdefault(id(node._ctx), [0, [None] * node._ctx.n_outputs])
+                entry[0] += 1
         grads = {id(self): grad}
-        for node in reversed(_topological_order(self)):
+        for node in reversed(order):
             g = grads.pop(id(node), None)
-            if g is None:
-                continue
             ctx = node._ctx
+            if node._output_index is not None:  # one output of a several-output node
+                entry = waiting[id(ctx)]
+                entry[0] -= 1
+                entry[1][node._output_index] = g
+                node._ctx, node._freed = None, True
+                if entry[0]:
+                    continue  # outputs still to come
+                del waiting[id(ctx)]
+                if all(o is None for o in entry[1]):
+                    continue  # no gradient reached any of them
+                g = tuple(entry[1])
+            elif g is None:
+                continue
             if ctx is None:  # a leaf: accumulate (a copy, so that leaves never alias)
                 node.grad = g.astype(node.dtype, copy=True) if node.grad is None \
                     else node.grad + g

@@ -204,6 +204,17 @@ def split_heads(x: Tensor, n_heads: int) -> Tensor:
     return x.reshape(b, t, n_heads, d // n_heads).transpose(0, 2, 1, 3)
 
 
+def split_projections(x: Tensor, n: int, n_heads: int) -> list:
+    """(B, T, n*h*d_k), n projections side by side -> n tensors (B, h, T, d_k), views of x.
+
+    One Split node rather than n slices of ``x``: its backward writes the n gradients
+    straight into one (B, T, n*h*d_k) array.
+    """
+    b, t, d = x.shape
+    pieces = F.split(x.reshape(b, t, n * n_heads, d // (n * n_heads)), n_heads, axis=2)
+    return [p.transpose(0, 2, 1, 3) for p in pieces]                  # each (B, h, T, d_k)
+
+
 def merge_heads(x: Tensor) -> Tensor:
     """(B, h, T, d_k) -> (B, T, h*d_k): the Concat(head_1, ..., head_h) of eq. (4)."""
     b, h, t, dk = x.shape
@@ -245,9 +256,8 @@ class MultiHeadAttention(nn.Module):
 
         Computed once per source sentence and reused at every decoding step.
         """
-        kv = self.kv(memory)                               # (B, S, 2d)
-        d = kv.shape[-1] // 2
-        return split_heads(kv[..., :d], self.n_heads), split_heads(kv[..., d:], self.n_heads)
+        k, v = split_projections(self.kv(memory), 2, self.n_heads)   # kv: (B, S, 2d)
+        return k, v
 
     def forward(self, x: Tensor, mask=None, memory_kv=None, cache=None) -> Tensor:
         """x (B, T, d) -> (B, T, d).
@@ -259,11 +269,7 @@ class MultiHeadAttention(nn.Module):
         """
         h = self.n_heads
         if memory_kv is None:
-            qkv = self.qkv(x)                              # (B, T, 3d)
-            d = qkv.shape[-1] // 3
-            q = split_heads(qkv[..., :d], h)               # (B, h, T, d_k)
-            k = split_heads(qkv[..., d:2 * d], h)
-            v = split_heads(qkv[..., 2 * d:], h)
+            q, k, v = split_projections(self.qkv(x), 3, h)  # qkv (B, T, 3d) -> (B, h, T, d_k)
             if cache is not None:
                 if cache.get("k") is not None:
                     k = F.cat([Tensor(cache["k"]), k], axis=2)  # (B, h, t+T, d_k)

@@ -1,4 +1,5 @@
-"""Ops that move values without arithmetic: reshape, transpose, indexing, joining, selecting."""
+"""Ops that move values without arithmetic: reshape, transpose, indexing, splitting, joining,
+selecting."""
 from __future__ import annotations
 
 from ..backend import get_array_module, scatter_add
@@ -59,6 +60,34 @@ class GetItem(Function):
             scatter_add(out, self.index, grad)
         else:
             out[self.index] = grad
+        return out
+
+
+class Split(Function):
+    """``x`` cut along ``axis`` into consecutive pieces of the given ``sizes``: several outputs.
+
+    The pieces are views of ``x``. Backward writes each piece's gradient into its place in
+    one new array (zeros for a piece that got no gradient): one pass over the result. Indexing
+    ``x`` once per piece instead (GetItem) would give one zero-padded array of ``x``'s size
+    per piece, for the engine to add up.
+    """
+
+    def forward(self, x, sizes, axis=0):
+        xp = get_array_module(x)
+        self.axis, self.in_shape, self.dtype = axis % x.ndim, x.shape, x.dtype
+        if sum(sizes) != x.shape[self.axis]:
+            raise ValueError(f"split: sizes {list(sizes)} do not add up to the "
+                             f"{x.shape[self.axis]} entries of axis {axis}")
+        bounds = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)]
+        self.slices = [(lo, lo + n) for lo, n in zip([0] + bounds, sizes)]
+        return tuple(xp.split(x, bounds, axis=self.axis))
+
+    def backward(self, grads):
+        xp = get_array_module(*(g for g in grads if g is not None))
+        out = xp.empty(self.in_shape, dtype=self.dtype)
+        for (lo, hi), g in zip(self.slices, grads):
+            index = (slice(None),) * self.axis + (slice(lo, hi),)
+            out[index] = 0 if g is None else g
         return out
 
 
