@@ -509,9 +509,14 @@ def label_smoothed_loss(logits: Tensor, target, eps: float = 0.1,
 
     loss = sum_t [(1 - eps) * -log p(y_t) + eps * mean_v -log p(v)] (section 5.4, PyTorch's
     convention); divide by the (global) token count to get the per-token loss.
+    The count is taken where ``target`` lives: NumPy ids (the trainer's host batches) cost a
+    GPU model no round trip.
     """
-    target = _ids(target, logits.device)
+    given = target.data if isinstance(target, Tensor) else target
+    ids = _ids(target, backend.device_of(given))
+    count = int((ids != pad_id).sum())
     v = logits.shape[-1]
-    loss = F.cross_entropy(logits.reshape(-1, v), target.reshape(-1), label_smoothing=eps,
-                           ignore_index=pad_id, reduction="sum")
-    return loss, int((target != pad_id).sum())
+    loss = F.cross_entropy(logits.reshape(-1, v),
+                           backend.to_device(ids, logits.device).reshape(-1),
+                           label_smoothing=eps, ignore_index=pad_id, reduction="sum")
+    return loss, count
