@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tinytf
-from tinytf import amp
+from tinytf import amp, kernels
 from tinytf import functional as F
 from tinytf.optim import Adam
 from tinytf.tensor import Tensor
@@ -114,6 +114,51 @@ def test_autocast_bf16_emulation_rounds_inputs_and_grads():
     # dW = round(g^T round(x)): the gradient crossing the cast back is rounded to bf16.
     np.testing.assert_allclose(w.grad, amp.round_to_bf16(g.T @ xc.data), rtol=1e-6, atol=1e-6)
     assert amp.active() is None                                  # restored on exit
+
+
+def test_autocast_linear_casts_inside_the_op():
+    # Under autocast, F.linear adds one Linear node and no cast nodes: the op rounds x, W
+    # and b itself; dx is rounded (a bf16 array on a GPU), dW and db are float32 sums of
+    # the rounded operands (cuBLAS's float32 result), not rounded again.
+    x = Tensor(rng.standard_normal((5, 8)).astype(np.float32), requires_grad=True)
+    w = tinytf.nn.Parameter(rng.standard_normal((7, 8)))
+    b = tinytf.nn.Parameter(rng.standard_normal(7))
+    with amp.autocast("bf16"):
+        y = F.linear(x, w, b)
+    assert type(y._ctx).__name__ == "Linear" and y._ctx.inputs == (x, w, b)
+    xr, wr, br = (amp.round_to_bf16(t.data) for t in (x, w, b))
+    np.testing.assert_allclose(y.data, xr @ wr.T + br, rtol=1e-6, atol=1e-6)
+    g = rng.standard_normal(y.shape).astype(np.float32)
+    y.backward(g)
+    np.testing.assert_array_equal(x.grad, amp.round_to_bf16(g @ wr))
+    np.testing.assert_allclose(w.grad, g.T @ xr, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(b.grad, g.sum(0), rtol=1e-6, atol=1e-6)
+    assert x.grad.dtype == w.grad.dtype == b.grad.dtype == np.float32
+
+
+def test_autocast_fp16_linear_weight_grad_is_a_float32_sum():
+    # Real float16 operands: the output is float16, the weight gradient is the float32
+    # product of the float16 values (no float16 rounding of the sum).
+    x = Tensor((rng.standard_normal((64, 16)) * 4).astype(np.float32), requires_grad=True)
+    w = tinytf.nn.Parameter(rng.standard_normal((8, 16)))
+    with amp.autocast("fp16"):
+        y = F.linear(x, w)
+    assert y.dtype == np.float16
+    g = rng.standard_normal(y.shape).astype(np.float16)
+    y.backward(g)
+    want = g.astype(np.float64).T @ x.data.astype(np.float16).astype(np.float64)
+    assert w.grad.dtype == np.float32 and x.grad.dtype == np.float32
+    np.testing.assert_allclose(w.grad, want, rtol=1e-5, atol=1e-4)
+    assert np.abs(want.astype(np.float16) - want).max() > 1e-3   # float16 would have lost it
+
+
+def test_matmul_out_dtype_on_numpy():
+    a = rng.standard_normal((4, 6)).astype(np.float16)
+    b = rng.standard_normal((6, 3)).astype(np.float16)
+    got = kernels.matmul(a, b, out_dtype=np.float32)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-6, atol=1e-6)
+    assert kernels.matmul(a, b).dtype == np.float16
 
 
 # ----- DynamicLossScaler -----------------------------------------------------------------

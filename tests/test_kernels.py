@@ -578,6 +578,25 @@ def test_gpu_cublas_matmul_matches_numpy(mode):
         kernels.set_tf32(False)
 
 
+@gpu
+@pytest.mark.parametrize("kind", ["float16"] + (["bfloat16"] if _bf16_on_gpu() is not None
+                                              else []))
+def test_gpu_cublas_float32_result_of_16_bit_operands(kind):
+    # How Linear forms a float32 weight gradient from 16-bit operands: cuBLAS writes the
+    # float32 accumulators (C type float32), more accurate than the 16-bit product.
+    a, b = rounded(rng.standard_normal((300, 64)), kind), rounded(rng.standard_normal((300, 48)), kind)
+    want = a.T.astype(np.float64) @ b.astype(np.float64)
+    got = kernels.matmul(to_gpu(a, kind).T, to_gpu(b, kind), out_dtype=np.float32)
+    assert got.dtype == np.float32
+    err32 = np.abs(cp.asnumpy(got) - want).max()
+    err16 = np.abs(from_gpu(kernels.matmul(to_gpu(a, kind).T, to_gpu(b, kind))) - want).max()
+    assert err32 < 1e-3 < err16
+    for shape_a, shape_b in (((3, 5, 8), (3, 8, 4)), ((7, 8), (8, 4))):   # batched and 2-D
+        x, y = rounded(rng.standard_normal(shape_a), kind), rounded(rng.standard_normal(shape_b), kind)
+        got = kernels.matmul(to_gpu(x, kind), to_gpu(y, kind), out_dtype=np.float32)
+        np.testing.assert_allclose(cp.asnumpy(got), x.astype(np.float64) @ y, rtol=1e-5, atol=1e-5)
+
+
 def _op_cases():
     """(name, f(d, *Tensors) -> Tensor, input arrays) for every op in tinytf.ops.
 

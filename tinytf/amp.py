@@ -4,12 +4,14 @@ The design is PyTorch's autocast + GradScaler, in tinytf's terms:
 
 - **Parameters stay float32.** They are the master weights, and Adam's moments, built
   with the parameter's dtype, are float32 too. Nothing about the optimizer changes.
-- **Under** ``autocast("bf16")`` **the matrix products run in 16 bits.** The functional
-  layer calls :func:`cast_inputs` for ``linear``, ``matmul`` and ``attention``, which casts
-  float32 inputs (weights included) to the compute dtype through :class:`CastTo`, a
-  differentiable cast: its backward turns the 16-bit gradient back into float32, so
-  every ``param.grad`` is float32 and Adam updates float32 weights. On the GPU the
-  products then run on tensor cores with float32 accumulation (``kernels.matmul``).
+- **Under** ``autocast("bf16")`` **the matrix products run in 16 bits.** ``F.linear``
+  passes the compute dtype to the ``Linear`` op (:func:`compute_dtype`), which casts its
+  float32 input, weight and bias itself (:func:`to_compute`) and forms the weight's and
+  bias's gradients as float32 sums straight from the 16-bit operands: no cast nodes in the
+  graph, every ``param.grad`` float32, and Adam updates float32 weights. ``attention`` and
+  ``matmul`` call :func:`cast_inputs`, which casts float32 inputs through :class:`CastTo`,
+  a differentiable cast whose backward turns the 16-bit gradient back into float32. On
+  the GPU the products run on tensor cores with float32 accumulation (``kernels.matmul``).
 - **Range-sensitive ops run in float32**: ``softmax``, ``log_softmax``, ``layer_norm`` and
   ``cross_entropy`` (they exponentiate or sum thousands of terms). :func:`cast_inputs`
   casts their 16-bit inputs up, except where the fused GPU kernels take them, since
@@ -181,6 +183,31 @@ class CastTo(Function):
         if self.emulated:
             grad = round_to_bf16(grad)
         return grad.astype(self.in_dtype, copy=False)
+
+
+def to_compute(a, dtype):
+    """Array ``a`` as an op computing in ``dtype`` reads it: float32 arrays are cast
+    (:data:`EMULATED_BF16`: rounded to bf16 values, still float32); others, and None,
+    are returned as they are. Ops that take a ``compute_dtype`` (``Linear``) cast their
+    inputs with this inside the op, which saves the graph a :class:`CastTo` node per input.
+    """
+    if a is None or a.dtype != np.float32 or dtype is None:
+        return a
+    return round_to_bf16(a) if dtype == EMULATED_BF16 else a.astype(dtype)
+
+
+def compute_dtype(op: str, *tensors):
+    """The dtype op ``op`` computes in under the active policy, or None for "as given".
+
+    Non-None only under "bf16"/"fp16" for :data:`LOW_PRECISION_OPS`: the policy's
+    compute dtype for the tensors' array module (:data:`EMULATED_BF16` on NumPy).
+    """
+    policy = _policy
+    if policy is None or not policy.low_precision or op not in LOW_PRECISION_OPS:
+        return None
+    first = next((t for t in tensors if isinstance(t, Tensor)), None)
+    xp = backend.get_array_module(first.data) if first is not None else np
+    return policy.compute_dtype(xp)
 
 
 def _cast(t, dtype):

@@ -17,9 +17,14 @@ def _int_tensor(x) -> Tensor:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x @ weight.T + bias, weight of shape (out, in); one 2-D GEMM whatever x's rank."""
-    x, weight, bias = amp.cast_inputs("linear", x, weight, bias)
-    return ops.Linear.apply(x, weight) if bias is None else ops.Linear.apply(x, weight, bias)
+    """x @ weight.T + bias, weight of shape (out, in); one 2-D GEMM whatever x's rank.
+
+    Under ``amp.autocast("bf16"/"fp16")`` the op itself casts its float32 operands to the
+    compute dtype (see ``ops.Linear``); the parameters' gradients stay float32.
+    """
+    dtype = amp.compute_dtype("linear", x)
+    inputs = (x, weight) if bias is None else (x, weight, bias)
+    return ops.Linear.apply(*inputs, compute_dtype=dtype)
 
 
 def relu(x: Tensor) -> Tensor:

@@ -223,15 +223,16 @@ def _column_sums(xp, g, h=None):
     return (dw_part.sum(axis=0) if h is not None else None), db_part.sum(axis=0)
 
 
-def bias_grad(grad):
-    """grad summed over every axis but the last (a bias's gradient), in grad's dtype.
+def bias_grad(grad, out_dtype=None):
+    """grad summed over every axis but the last (a bias's gradient), in ``out_dtype``
+    (default grad's dtype).
 
     One pass with float32 sums, whatever the storage type.
     """
     _runtime.count("bias_grad")
     xp = backend.get_array_module(grad)
     _, db = _column_sums(xp, xp.ascontiguousarray(grad))
-    return db.astype(grad.dtype)
+    return db.astype(grad.dtype if out_dtype is None else out_dtype, copy=False)
 
 
 # ----- dropout (+ residual) --------------------------------------------------------------

@@ -181,22 +181,38 @@ _ALPHA = np.ones(1, dtype=np.float32)   # host scalars for cuBLAS (pointer mode 
 _BETA = np.zeros(1, dtype=np.float32)
 
 
-def matmul(a, b):
+def matmul(a, b, out_dtype=None):
     """a @ b (NumPy semantics for arrays of two or more dimensions).
 
     NumPy arrays: exactly ``a @ b``. CuPy float32/float16/bfloat16 arrays of one dtype:
     one cuBLAS call (tensor cores for 16-bit inputs, and for float32 when
     :func:`set_tf32` is on), with float32 accumulation; anything else: ``cupy.matmul``.
+
+    ``out_dtype=numpy.float32`` with 16-bit inputs writes the float32 accumulators
+    themselves (cuBLAS's C type float32), not their 16-bit rounding: how a float32
+    weight's gradient is formed from bf16 activations without a cast afterwards. On
+    NumPy the product is then taken in float32.
     """
     xp = backend.get_array_module(a, b)
+    if out_dtype is not None:
+        out_dtype = np.dtype(out_dtype)
     if xp is np:
-        return a @ b
+        if out_dtype is None or out_dtype == np.result_type(a.dtype, b.dtype):
+            return a @ b
+        return a.astype(out_dtype, copy=False) @ b.astype(out_dtype, copy=False)
     if a.dtype != b.dtype:
         # NumPy's promotion (bfloat16 with float32 gives float32), then one cuBLAS call:
         # cupy.matmul itself takes no bfloat16.
         common = np.result_type(a.dtype, b.dtype)
         a, b = a.astype(common, copy=False), b.astype(common, copy=False)
     ctype = _cuda_type(a.dtype)
+    out_ctype = ctype
+    if out_dtype is not None and out_dtype != a.dtype:
+        # Only a float32 result of float16/bfloat16 inputs is one cuBLAS call; any other
+        # request is the product in a's dtype, cast.
+        if out_dtype != np.float32 or ctype is None or a.dtype == np.float32:
+            return matmul(a, b).astype(out_dtype)
+        out_ctype = _cuda_type(out_dtype)
     if ctype is None:
         return a @ b
     p = plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)
@@ -208,13 +224,14 @@ def matmul(a, b):
         else:
             b = xp.ascontiguousarray(b)
         p = plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)
+    result_dtype = a.dtype if out_dtype is None else out_dtype
     if not isinstance(p, Plan):
         if a.dtype.name == "bfloat16":  # cupy.matmul takes no bfloat16: float32, rounded back
-            return xp.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
-        return xp.matmul(a, b)
+            return xp.matmul(a.astype(np.float32), b.astype(np.float32)).astype(result_dtype)
+        return xp.matmul(a, b).astype(result_dtype, copy=False)
     _runtime.count("matmul")
-    out = xp.empty(p.out_shape, dtype=a.dtype)
-    _gemm(p, b, a, out, ctype)
+    out = xp.empty(p.out_shape, dtype=result_dtype)
+    _gemm(p, b, a, out, ctype, out_ctype)
     return out
 
 
@@ -222,7 +239,9 @@ def _cuda_runtime():
     return backend.array_module("gpu").cuda.runtime
 
 
-def _gemm(p: Plan, first, second, out, ctype) -> None:  # pragma: no cover - GPU only
+def _gemm(p: Plan, first, second, out, ctype, out_ctype=None) -> None:  # pragma: no cover
+    """One cuBLAS call: ``out`` (C type ``out_ctype``, default ``ctype``) = first/second."""
+    out_ctype = ctype if out_ctype is None else out_ctype
     cupy = backend.array_module("gpu")
     from cupy_backends.cuda.libs import cublas  # noqa: PLC0415 (optional dependency)
     handle = cupy.cuda.device.get_cublas_handle()
@@ -236,10 +255,10 @@ def _gemm(p: Plan, first, second, out, ctype) -> None:  # pragma: no cover - GPU
     if p.batch == 1:
         cublas.gemmEx(handle, f.op, s.op, p.m, p.n, p.k, _ALPHA.ctypes.data,
                       first.data.ptr, ctype, f.ld, second.data.ptr, ctype, s.ld,
-                      _BETA.ctypes.data, out.data.ptr, ctype, p.m, compute, algo)
+                      _BETA.ctypes.data, out.data.ptr, out_ctype, p.m, compute, algo)
     else:
         cublas.gemmStridedBatchedEx(
             handle, f.op, s.op, p.m, p.n, p.k, _ALPHA.ctypes.data,
             first.data.ptr, ctype, f.ld, f.batch_stride,
             second.data.ptr, ctype, s.ld, s.batch_stride,
-            _BETA.ctypes.data, out.data.ptr, ctype, p.m, p.m * p.n, p.batch, compute, algo)
+            _BETA.ctypes.data, out.data.ptr, out_ctype, p.m, p.m * p.n, p.batch, compute, algo)

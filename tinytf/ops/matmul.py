@@ -1,7 +1,7 @@
 """Matrix products: general (batched, broadcast) matmul and the fused linear layer."""
 from __future__ import annotations
 
-from .. import kernels
+from .. import amp, kernels
 from ..kernels import matmul
 from ..tensor import Function
 from .elementwise import sum_to
@@ -41,25 +41,46 @@ class Linear(Function):
     ``x`` (..., in) is viewed as (N, in): a single GEMM is much faster than the per-slice
     GEMMs that ``matmul`` on a 3-D array does. Backward: dx = g @ W, dW = g^T @ x,
     db = sum of g over rows.
+
+    ``compute_dtype`` (mixed precision, set by ``F.linear`` under ``amp.autocast``): the op
+    casts its float32 operands to it (``amp.to_compute``) and computes in it, so the graph
+    needs no cast nodes. The output has the compute dtype; dx too (the engine converts it
+    to x's dtype); dW and db are float32 sums of the 16-bit operands, written as float32
+    (cuBLAS's float32 result type), with no 16-bit rounding and no cast.
     """
 
-    def forward(self, x, weight, bias=None):
+    def forward(self, x, weight, bias=None, compute_dtype=None):
         x2 = x.reshape(-1, x.shape[-1])
+        self.compute_dtype = compute_dtype
+        if compute_dtype is not None:
+            x2, weight = amp.to_compute(x2, compute_dtype), amp.to_compute(weight, compute_dtype)
         out = matmul(x2, weight.T)
         if bias is not None:
-            out += bias
+            if compute_dtype is not None:
+                bias = amp.to_compute(bias, compute_dtype)
+            out += bias if bias.dtype == out.dtype else bias.astype(out.dtype)
         self.save_for_backward(x2, weight)
         self.in_shape = x.shape
+        self.param_dtypes = (self.inputs[1].dtype,
+                             self.inputs[2].dtype if len(self.inputs) > 2 else None)
         return out.reshape(*x.shape[:-1], weight.shape[0])
 
     def backward(self, grad):
         x2, weight = self.saved
         g2 = grad.reshape(-1, weight.shape[0])
-        gx = matmul(g2, weight).reshape(self.in_shape) if self.needs_input_grad[0] else None
-        gw = matmul(g2.T, x2) if self.needs_input_grad[1] else None
+        w_dtype, b_dtype = self.param_dtypes
+        gx = gw = gb = None
+        if self.needs_input_grad[0]:
+            gx = matmul(g2, weight).reshape(self.in_shape)
+            if self.compute_dtype == amp.EMULATED_BF16:
+                gx = amp.round_to_bf16(gx)   # on a GPU dx would be a bf16 array
+        if self.needs_input_grad[1]:
+            gw = matmul(g2.T, x2, out_dtype=w_dtype if self.compute_dtype is not None else None)
         if len(self.inputs) == 2:
             return gx, gw
-        gb = None
         if self.needs_input_grad[2]:
-            gb = kernels.bias_grad(g2) if kernels.fused(g2) else g2.sum(axis=0)
+            if kernels.fused(g2):
+                gb = kernels.bias_grad(g2, out_dtype=b_dtype)
+            else:
+                gb = g2.sum(axis=0, dtype=b_dtype if self.compute_dtype is not None else None)
         return gx, gw, gb
