@@ -116,3 +116,118 @@ def test_clip_grad_norm_keeps_float32():
     total = optim.clip_grad_norm([p], 1.0)
     assert isinstance(total, float) and math.isclose(total, 20.0, rel_tol=1e-6)
     assert p.grad.dtype == np.float32
+
+
+# ----- flat parameter buffers -------------------------------------------------------------
+
+def _mlp(seed=0):
+    """A small float32 model: two Linear layers (4 parameters)."""
+    import tinytf
+    tinytf.manual_seed(seed)
+    return tinytf.nn.Sequential(tinytf.nn.Linear(6, 5), tinytf.nn.Linear(5, 3))
+
+
+def _train_steps(model, opt, steps, seed=1, clip=None):
+    from tinytf import functional as F
+    g = np.random.default_rng(seed)
+    for _ in range(steps):
+        x = Tensor(g.standard_normal((8, 6)).astype(np.float32))
+        loss = (F.relu(model(x)) ** 2).sum()
+        loss.backward()
+        if clip is not None:
+            optim.clip_grad_norm(opt.params, clip)
+        opt.step()
+        opt.zero_grad()
+
+
+def test_flat_adam_equals_adam_one_parameter_at_a_time():
+    a, b = _mlp(), _mlp()
+    opt_a = optim.Adam(a.named_parameters(), lr=0.01)
+    opt_b = optim.Adam(b.named_parameters(), lr=0.01, flat=False)
+    for clip in (None, 0.5):      # 0.5 clips: the flat buffer is scaled in one operation
+        _train_steps(a, opt_a, 4, clip=clip)
+        _train_steps(b, opt_b, 4, clip=clip)
+        for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+            np.testing.assert_array_equal(p.data, q.data, err_msg=name)
+            np.testing.assert_array_equal(opt_a.exp_avg_sq[name], opt_b.exp_avg_sq[name])
+    flat = opt_a._flat
+    assert flat is not None and opt_b._flat is None
+    # Parameters, moments and the gradient slots are views of the four flat buffers.
+    for p, (_, q) in zip(flat.params, a.named_parameters()):
+        assert p is q and np.shares_memory(p.data, flat.data)
+        assert np.shares_memory(p._grad_buffer, flat.grad)
+    assert all(np.shares_memory(opt_a.exp_avg[n], flat.moments[0]) for n, _ in opt_a.params)
+
+
+def test_backward_writes_gradients_into_the_flat_buffer():
+    model = _mlp()
+    opt = optim.Adam(model.named_parameters(), lr=0.01)
+    _train_steps(model, opt, 1)
+    flat = opt._flat
+    from tinytf import functional as F
+    x = Tensor(np.ones((2, 6), np.float32))
+    (F.relu(model(x)) ** 2).sum().backward()
+    assert flat.grads_linked()                       # no copy: backward wrote the slots
+    assert optim.flat_gradient(opt.params) is flat.grad
+    norm = math.sqrt(sum(float((p.grad.astype(np.float64) ** 2).sum()) for p in flat.params))
+    assert optim.grad_norm(opt.params) == pytest.approx(norm, rel=1e-6)
+    # A second backward before the step accumulates in place (gradient accumulation).
+    first = flat.grad.copy()
+    (F.relu(model(x)) ** 2).sum().backward()
+    np.testing.assert_allclose(flat.grad, 2 * first, rtol=1e-6)
+    # A parameter list that is not the optimizer's, in order, gets no flat gradient.
+    assert optim.flat_gradient(opt.params[::-1]) is None
+
+
+def test_flat_adam_relinks_after_the_arrays_are_replaced():
+    # load_state_dict gives the parameters new arrays and the optimizer new moments; a
+    # gradient can also be replaced from outside. The flat optimizer must notice each
+    # and continue exactly like the one-at-a-time optimizer.
+    a, b = _mlp(), _mlp()
+    opt_a = optim.Adam(a.named_parameters(), lr=0.01)
+    opt_b = optim.Adam(b.named_parameters(), lr=0.01, flat=False)
+    _train_steps(a, opt_a, 3)
+    _train_steps(b, opt_b, 3)
+    c = _mlp(seed=5)                                 # a fresh model and optimizer, resumed
+    opt_c = optim.Adam(c.named_parameters(), lr=0.01)
+    _train_steps(c, opt_c, 1)                        # (built its own flat buffers first)
+    c.load_state_dict(a.state_dict())
+    opt_c.load_state_dict(opt_a.state_dict())
+    _train_steps(c, opt_c, 2)
+    _train_steps(b, opt_b, 2)
+    for (name, p), (_, q) in zip(c.named_parameters(), b.named_parameters()):
+        np.testing.assert_array_equal(p.data, q.data, err_msg=name)
+    assert opt_c._flat.linked([p for _, p in opt_c.params])
+    # A gradient replaced by a new array is gathered back into the buffer.
+    from tinytf import functional as F
+    (F.relu(c(Tensor(np.ones((2, 6), np.float32)))) ** 2).sum().backward()
+    first = opt_c._flat.params[0]
+    first.grad = first.grad.copy()
+    assert optim.flat_gradient(opt_c.params) is None
+    opt_c.step()
+    assert opt_c._flat.grads_linked()
+
+
+def test_flat_adam_skips_parameters_without_a_gradient():
+    # A parameter with no gradient must keep its value and its moments (PyTorch skips
+    # it): the flat step, which updates every slot, is not used for such a step.
+    a, b = _mlp(), _mlp()
+    opt_a = optim.Adam(a.named_parameters(), lr=0.01)
+    opt_b = optim.Adam(b.named_parameters(), lr=0.01, flat=False)
+    _train_steps(a, opt_a, 2)
+    _train_steps(b, opt_b, 2)
+    for model, opt in ((a, opt_a), (b, opt_b)):
+        params = [p for _, p in opt.params]
+        for p in params:
+            p.grad = np.full(p.shape, 0.1, np.float32)
+        params[1].grad = None
+        opt.step()
+    for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        np.testing.assert_array_equal(p.data, q.data, err_msg=name)
+
+
+def test_flat_adam_refuses_what_it_cannot_pack():
+    p64 = param([1.0, 2.0])                          # float64: gradient checks
+    assert not optim.Adam([p64]).flat
+    p = Tensor(np.ones(3, np.float32), requires_grad=True)
+    assert not optim.Adam([p, p]).flat               # the same tensor twice

@@ -39,6 +39,7 @@ import math
 import numpy as np
 
 from . import backend, kernels
+from .optim import flat_gradient
 from .tensor import Function, Tensor
 
 PRECISIONS = ("float32", "tf32", "bf16", "fp16")
@@ -287,7 +288,9 @@ class DynamicLossScaler:
         in train.py). Disabled: multiplies by ``extra_factor`` and returns False unchecked.
         On CuPy the check costs one host sync per step (one flag for all gradients).
         """
-        grads = [p.grad for p in _tensors(params) if p.grad is not None]
+        flat = flat_gradient(params)   # every gradient in one array: one pass, one launch
+        grads = [flat] if flat is not None else \
+            [p.grad for p in _tensors(params) if p.grad is not None]
         factor = extra_factor / self.scale if self.enabled else extra_factor
         if not self.enabled:
             if factor != 1.0:

@@ -51,6 +51,7 @@ import zlib
 import numpy as np
 
 from . import backend
+from .optim import flat_gradient
 
 BUCKET_BYTES = 25 * 2 ** 20
 """Default size of one packed gradient buffer (PyTorch DDP's default bucket size)."""
@@ -240,9 +241,14 @@ class Communicator:
         """
         if scale is None:
             return
-        for _, p in _named_parameters(model):
+        named = _named_parameters(model)
+        flat = flat_gradient(named)
+        if flat is not None:   # every gradient in one buffer (optim.FlatParameters)
+            flat *= scale
+            return
+        for _, p in named:
             if p.grad is not None:
-                p.grad = _store(p.grad, p.grad, scale)
+                p.grad = _store(p.grad, p.grad, scale, own=p.grad is p._grad_buffer)
 
     def allreduce_scalars(self, values, op: str = "sum"):
         """Combine numbers over ranks with ``op`` ("sum", "max", "min"), elementwise.
@@ -401,7 +407,7 @@ class MPICommunicator(Communicator):
                 present = bucket.flags()
             for i, (p, view) in enumerate(zip(params, bucket.views()), start=bucket.start):
                 if present[i]:
-                    p.grad = _store(view, p.grad, scale)
+                    p.grad = _store(view, p.grad, scale, own=p.grad is p._grad_buffer)
         self.allreduce_seconds += time.perf_counter() - start
 
     def param_divergence(self, model) -> float:
@@ -447,15 +453,17 @@ class MPICommunicator(Communicator):
         return self._gpu
 
 
-def _store(summed, grad, scale):
+def _store(summed, grad, scale, own: bool = False):
     """``summed * scale`` written over ``grad`` when that is safe, else a new array.
 
     The engine's gradients are fresh arrays that own their memory: overwriting them saves
-    an allocation of the model's size per step. Anything else (None, a view, read-only,
-    another dtype) is replaced; ``summed`` itself is never kept, its buffer is reused.
+    an allocation of the model's size per step. So are views that the parameter owns
+    (``own``: its slot of a flat gradient buffer, which must stay linked). Anything else
+    (None, another view, read-only, another dtype) is replaced; ``summed`` itself is never
+    kept, its buffer is reused.
     """
     flags = getattr(grad, "flags", None)
-    if (flags is not None and flags.c_contiguous and flags.owndata and
+    if (flags is not None and flags.c_contiguous and (flags.owndata or own) and
             getattr(flags, "writeable", True) and grad.shape == summed.shape and
             grad.dtype == summed.dtype):
         if scale is None:

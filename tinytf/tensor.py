@@ -124,6 +124,9 @@ class Tensor:
         self._ctx: Function | None = None
         self._output_index = None  # which output of a several-output node (Split) this is
         self._freed = False  # set when backward has released the node that made this tensor
+        # Where backward writes this leaf's gradient, if set (optim.FlatParameters: a view
+        # of one buffer holding every parameter's gradient).
+        self._grad_buffer = None
         if self.requires_grad and not backend.is_float(self.data.dtype):
             raise TypeError(f"only floating-point tensors can require a gradient, "
                             f"got dtype {self.data.dtype}")
@@ -216,8 +219,16 @@ class Tensor:
             elif g is None:
                 continue
             if ctx is None:  # a leaf: accumulate (a copy, so that leaves never alias)
-                node.grad = g.astype(node.dtype, copy=True) if node.grad is None \
-                    else node.grad + g
+                buf = node._grad_buffer
+                if node.grad is None and buf is not None:
+                    buf[...] = g          # into the leaf's slot of a flat gradient buffer
+                    node.grad = buf
+                elif node.grad is None:
+                    node.grad = g.astype(node.dtype, copy=True)
+                elif node.grad is buf:
+                    buf += g
+                else:
+                    node.grad = node.grad + g
                 continue
             in_grads = ctx.backward(g)
             if not isinstance(in_grads, tuple):
