@@ -202,25 +202,39 @@ def layer_norm_backward(grad, x_hat, rstd, weight=None, need_x=True, need_weight
             _runtime.launch("layer_norm_bwd", [storage], grid, block,
                             (g, h, r, _runtime.address(w), dx, rows, d))
     if need_weight or need_bias:
-        dw, db = _column_sums(xp, g, h if need_weight else None)
         # The parameter gradient has the dtype NumPy gives (g * x_hat).sum(rows).
-        dw = dw.astype(x_hat.dtype) if need_weight else None
-        db = db.astype(x_hat.dtype) if need_bias else None
+        dw, db = _column_sums(xp, g, h if need_weight else None, out_dtype=x_hat.dtype)
+        db = db if need_bias else None
     return dx, dw, db
 
 
-def _column_sums(xp, g, h=None):
-    """(sum over rows of g * h or None, sum over rows of g), float32, for 2-D-viewable g."""
+def _column_sums(xp, g, h=None, out_dtype=np.float32):
+    """(sum over rows of g * h or None, sum over rows of g), for 2-D-viewable contiguous g.
+
+    Float32 sums in two launches: partial sums per chunk of rows, then the chunks' sums
+    in order (deterministic), stored as ``out_dtype``. No CuPy reduction: each of those
+    costs more host time than both launches together, and a step needs ~100 of these.
+    """
     storage = _runtime.storage(g.dtype)
     d = g.shape[-1]
     rows = g.size // max(d, 1)
-    chunks = max(1, -(-rows // _COLUMN_CHUNK))
-    dw_part = xp.zeros((chunks, d), dtype=np.float32)
-    db_part = xp.zeros((chunks, d), dtype=np.float32)
-    if rows:
-        _runtime.launch("column_sums", [storage], (-(-d // 32), chunks), (32, 8),
-                        (g, _runtime.address(h), dw_part, db_part, rows, d, _COLUMN_CHUNK))
-    return (dw_part.sum(axis=0) if h is not None else None), db_part.sum(axis=0)
+    db = xp.empty(d, dtype=out_dtype)
+    dw = xp.empty(d, dtype=out_dtype) if h is not None else None
+    if not rows or not d:
+        db[...] = 0
+        if dw is not None:
+            dw[...] = 0
+        return dw, db
+    chunks = -(-rows // _COLUMN_CHUNK)
+    db_part = xp.empty((chunks, d), dtype=np.float32)
+    dw_part = xp.empty((chunks, d), dtype=np.float32) if h is not None else None
+    _runtime.launch("column_sums", [storage], (-(-d // 32), chunks), (32, 8),
+                    (g, _runtime.address(h), _runtime.address(dw_part), db_part, rows, d,
+                     _COLUMN_CHUNK))
+    _runtime.launch("column_sums_finish", [_runtime.storage(np.dtype(out_dtype))],
+                    (max(1, min(-(-d // 256), 1024)),), (256,),
+                    (_runtime.address(dw_part), db_part, chunks, d, _runtime.address(dw), db))
+    return dw, db
 
 
 def bias_grad(grad, out_dtype=None):
@@ -231,8 +245,9 @@ def bias_grad(grad, out_dtype=None):
     """
     _runtime.count("bias_grad")
     xp = backend.get_array_module(grad)
-    _, db = _column_sums(xp, xp.ascontiguousarray(grad))
-    return db.astype(grad.dtype if out_dtype is None else out_dtype, copy=False)
+    _, db = _column_sums(xp, xp.ascontiguousarray(grad),
+                         out_dtype=grad.dtype if out_dtype is None else out_dtype)
+    return db
 
 
 # ----- dropout (+ residual) --------------------------------------------------------------

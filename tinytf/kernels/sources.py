@@ -226,11 +226,12 @@ __global__ void layer_norm_bwd(const T* __restrict__ g, const T* __restrict__ x_
 
 // Column sums for the layer-norm parameter gradients, first stage:
 // dw_part[c, j] = sum over rows i of chunk c of g[i, j] * x_hat[i, j]; db_part likewise of g.
-// Block (32, 8) covers 32 columns x `chunk` rows; the host sums the partials over c.
+// Block (32, 8) covers 32 columns x `chunk` rows; column_sums_finish sums the partials over c.
 template <typename T>
 __global__ void column_sums(const T* __restrict__ g, unsigned long long x_hat_addr,
-                            float* __restrict__ dw_part, float* __restrict__ db_part,
+                            unsigned long long dw_part_addr, float* __restrict__ db_part,
                             long long rows, int d, int chunk) {
+    float* dw_part = (float*)dw_part_addr;  // 0 (no x_hat): only the sums of g
     __shared__ float sw[8][33];
     __shared__ float sb[8][33];
     const T* x_hat = (const T*)x_hat_addr;
@@ -253,8 +254,27 @@ __global__ void column_sums(const T* __restrict__ g, unsigned long long x_hat_ad
             aw += sw[j][threadIdx.x];
             ab += sb[j][threadIdx.x];
         }
-        dw_part[(long long)blockIdx.y * d + col] = aw;
+        if (dw_part) dw_part[(long long)blockIdx.y * d + col] = aw;
         db_part[(long long)blockIdx.y * d + col] = ab;
+    }
+}
+
+// Second stage of column_sums: out[j] = sum over chunks c of part[c, j], in chunk order
+// (deterministic), for db and, when given, dw; stored as T (the gradient's dtype).
+template <typename T>
+__global__ void column_sums_finish(unsigned long long dw_part_addr, const float* __restrict__ db_part,
+                                   int chunks, int d, unsigned long long dw_out_addr,
+                                   T* __restrict__ db_out) {
+    const float* dw_part = (const float*)dw_part_addr;
+    T* dw_out = (T*)dw_out_addr;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < d; j += gridDim.x * blockDim.x) {
+        float aw = 0.0f, ab = 0.0f;
+        for (int c = 0; c < chunks; ++c) {
+            ab += db_part[(long long)c * d + j];
+            if (dw_part) aw += dw_part[(long long)c * d + j];
+        }
+        db_out[j] = from_f32<T>(ab);
+        if (dw_out) dw_out[j] = from_f32<T>(aw);
     }
 }
 
@@ -402,6 +422,7 @@ INSTANTIATIONS = (
     + [f"layer_norm_fwd<{tx}, {ty}>" for tx in STORAGE for ty in STORAGE]
     + [f"layer_norm_bwd<{t}>" for t in STORAGE]
     + [f"column_sums<{t}>" for t in STORAGE]
+    + [f"column_sums_finish<{t}>" for t in STORAGE]
     + [f"dropout_fwd<{t}>" for t in STORAGE]
     + [f"xent_fwd<{t}>" for t in STORAGE]
     + [f"bias_relu_fwd<{t}>" for t in STORAGE]
