@@ -628,6 +628,13 @@ def _op_cases():
         ("reshape/transpose", lambda d, a: a.reshape(4, 6).T.permute(1, 0) * 1.0, [r(2, 3, 4)]),
         ("getitem", lambda d, a: a[1:, ::2] * 2, [r(4, 6)]),
         ("getitem ints", lambda d, a: a[d(np.array([0, 2, 2]))], [r(4, 6)]),
+        ("split", lambda d, a: tinytf.cat([p * float(i + 1) for i, p in
+                                           enumerate(F.split(a, [1, 3, 2], axis=1))], axis=1),
+         [r(3, 6)]),
+        ("split_heads", lambda d, a: tinytf.cat([p * float(i + 1) for i, p in
+                                                 enumerate(F.split_heads(a, 2, parts=3))], axis=3),
+         [r(2, 5, 12)]),
+        ("merge_heads", lambda d, a: F.merge_heads(a * 1.0) * 2.0, [r(2, 3, 5, 4)]),
         ("cat", lambda d, a, b: tinytf.cat([a, b], axis=1), [r(2, 3), r(2, 5)]),
         ("stack", lambda d, a, b: tinytf.stack([a, b], axis=0), [r(2, 3), r(2, 3)]),
         ("where", lambda d, a, b: tinytf.where(d(cond), a, b), [r(2, 3), r(2, 3)]),

@@ -361,6 +361,40 @@ def test_split(case, layout, seed):
     gradcheck(op, [x])
 
 
+@given(b=st.integers(1, 2), t=st.integers(1, 3), heads=st.integers(1, 3),
+       dk=st.integers(1, 3), used=st.lists(st.booleans(), min_size=1, max_size=3),
+       layout=LAYOUTS, seed=SEEDS)
+def test_split_heads(b, t, heads, dk, used, layout, seed):
+    """Each part equals NumPy's reshape/slice/transpose; gradient checked with some parts
+    unused and the others weighted differently. merge_heads undoes split_heads."""
+    parts = len(used)
+    rng = np.random.default_rng(seed)
+    a = make(rng, (b, t, parts * heads * dk), layout)
+    x = leaf(a)
+    out = F.split_heads(x, heads, parts=parts)
+    out = out if parts > 1 else (out,)
+    ref = a.reshape(b, t, parts, heads, dk)
+    for i, p in enumerate(out):
+        close(p, ref[:, :, i].transpose(0, 2, 1, 3))
+        close(F.merge_heads(p), ref[:, :, i].reshape(b, t, heads * dk))
+
+    def op(x):
+        pieces = F.split_heads(x, heads, parts=parts)
+        pieces = pieces if parts > 1 else (pieces,)
+        kept = [F.merge_heads(p) * float(i + 1) for i, (p, u) in enumerate(zip(pieces, used)) if u]
+        return tinytf.cat(kept, axis=-1) if kept else (x * 0.0).sum()
+    gradcheck(op, [x])
+
+
+def test_split_heads_is_one_node_and_rejects_a_bad_width():
+    x = leaf(np.ones((2, 3, 12)))
+    q, k, v = F.split_heads(x, 2, parts=3)
+    assert q._ctx is k._ctx is v._ctx and type(q._ctx).__name__ == "SplitHeads"
+    assert q.shape == (2, 2, 3, 2)
+    with pytest.raises(ValueError, match="split_heads"):
+        F.split_heads(x, 5, parts=1)
+
+
 def test_split_int_sizes_and_errors():
     x = leaf(np.arange(14.0).reshape(7, 2))
     assert [p.shape for p in F.split(x, 3)] == [(3, 2), (3, 2), (1, 2)]   # as torch.split

@@ -120,6 +120,21 @@ def split(x: Tensor, sizes, axis: int = 0) -> tuple:
     return ops.Split.apply(x, sizes=list(sizes), axis=axis)
 
 
+def split_heads(x: Tensor, n_heads: int, parts: int = 1):
+    """(B, T, parts*h*d_k) -> ``parts`` tensors (B, h, T, d_k), views of ``x``; one
+    tensor when ``parts`` is 1.
+
+    For a fused projection such as [Q | K | V] (parts=3): each part cut into its heads,
+    heads before positions, as attention wants them. One node (see ``ops.SplitHeads``).
+    """
+    return ops.SplitHeads.apply(x, n_heads=n_heads, parts=parts)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """(B, h, T, d_k) -> (B, T, h*d_k): the heads side by side again (eq. 4's Concat)."""
+    return ops.MergeHeads.apply(x)
+
+
 def cat(tensors, axis: int = 0) -> Tensor:
     """Concatenate tensors along an existing axis."""
     return ops.Concatenate.apply(*tensors, axis=axis)

@@ -200,25 +200,22 @@ def xavier_uniform_blocks_(weight: Tensor, n_blocks: int) -> None:
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
     """(B, T, h*d_k) -> (B, h, T, d_k)."""
-    b, t, d = x.shape
-    return x.reshape(b, t, n_heads, d // n_heads).transpose(0, 2, 1, 3)
+    return F.split_heads(x, n_heads)
 
 
 def split_projections(x: Tensor, n: int, n_heads: int) -> list:
     """(B, T, n*h*d_k), n projections side by side -> n tensors (B, h, T, d_k), views of x.
 
-    One Split node rather than n slices of ``x``: its backward writes the n gradients
-    straight into one (B, T, n*h*d_k) array.
+    One node (``F.split_heads`` with ``parts=n``) rather than a reshape, n slices and n
+    transposes: its backward writes the n gradients straight into one (B, T, n*h*d_k) array.
     """
-    b, t, d = x.shape
-    pieces = F.split(x.reshape(b, t, n * n_heads, d // (n * n_heads)), n_heads, axis=2)
-    return [p.transpose(0, 2, 1, 3) for p in pieces]                  # each (B, h, T, d_k)
+    parts = F.split_heads(x, n_heads, parts=n)
+    return [parts] if n == 1 else list(parts)
 
 
 def merge_heads(x: Tensor) -> Tensor:
     """(B, h, T, d_k) -> (B, T, h*d_k): the Concat(head_1, ..., head_h) of eq. (4)."""
-    b, h, t, dk = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(b, t, h * dk)
+    return F.merge_heads(x)
 
 
 class MultiHeadAttention(nn.Module):

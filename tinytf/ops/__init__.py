@@ -2,7 +2,8 @@
 
 - :mod:`.elementwise` — add, mul, neg, pow, exp, log, sqrt, tanh, relu, cast
 - :mod:`.reduce` — sum, max
-- :mod:`.shape` — reshape, transpose, getitem, split, cat, stack, where, masked_fill
+- :mod:`.shape` — reshape, transpose, getitem, split, split/merge heads, cat, stack, where,
+  masked_fill
 - :mod:`.matmul` — matmul (batched, broadcast) and linear (x @ W.T + b as one GEMM)
 - :mod:`.nn` — softmax, log_softmax, layer_norm, dropout, embedding, cross_entropy, attention
 
@@ -12,12 +13,12 @@ from .elementwise import Add, Cast, Exp, Log, Mul, Neg, Pow, ReLU, Sqrt, Tanh, s
 from .matmul import Linear, MatMul
 from .nn import Attention, CrossEntropy, Dropout, Embedding, LayerNorm, LogSoftmax, Softmax
 from .reduce import Max, Sum
-from .shape import (Concatenate, GetItem, MaskedFill, Reshape, Split, Stack, Transpose,
-                    Where)
+from .shape import (Concatenate, GetItem, MaskedFill, MergeHeads, Reshape, Split, SplitHeads,
+                    Stack, Transpose, Where)
 
 __all__ = [
     "Add", "Cast", "Exp", "Log", "Mul", "Neg", "Pow", "ReLU", "Sqrt", "Tanh", "sum_to",
     "Linear", "MatMul", "Attention", "CrossEntropy", "Dropout", "Embedding", "LayerNorm",
     "LogSoftmax", "Softmax", "Max", "Sum", "Concatenate", "GetItem", "MaskedFill", "Reshape",
-    "Split", "Stack", "Transpose", "Where",
+    "Split", "SplitHeads", "MergeHeads", "Stack", "Transpose", "Where",
 ]

@@ -91,6 +91,54 @@ class Split(Function):
         return out
 
 
+class SplitHeads(Function):
+    """(B, T, n*h*d_k), ``n`` projections side by side -> ``n`` views (B, h, T, d_k).
+
+    Multi-head attention's head split of a fused projection (q|k|v, or k|v, or one q) as
+    one node, where reshape + split + one transpose per part would be n + 2. Backward
+    writes the parts' gradients, transposed back, into one (B, T, n*h*d_k) array (zeros
+    for a part that got none).
+    """
+
+    def forward(self, x, n_heads, parts=1):
+        b, t, width = x.shape
+        if width % (parts * n_heads):
+            raise ValueError(f"split_heads: width {width} is not {parts} parts x "
+                             f"{n_heads} heads")
+        self.in_shape, self.dtype = x.shape, x.dtype
+        self.parts, self.n_heads = parts, n_heads
+        split = x.reshape(b, t, parts, n_heads, width // (parts * n_heads))
+        views = tuple(split[:, :, i].transpose(0, 2, 1, 3) for i in range(parts))
+        return views if parts > 1 else views[0]
+
+    def backward(self, grads):
+        grads = grads if self.parts > 1 else (grads,)
+        xp = get_array_module(*(g for g in grads if g is not None))
+        b, t, width = self.in_shape
+        out = xp.empty((b, t, self.parts, self.n_heads, width // (self.parts * self.n_heads)),
+                       dtype=self.dtype)
+        for i, g in enumerate(grads):
+            out[:, :, i] = 0 if g is None else g.transpose(0, 2, 1, 3)
+        return out.reshape(self.in_shape)
+
+
+class MergeHeads(Function):
+    """(B, h, T, d_k) -> (B, T, h*d_k): the Concat(head_1, ..., head_h) of eq. (4), one node.
+
+    A transpose and a copy into heads-side-by-side order; backward is the view back.
+    """
+
+    def forward(self, x):
+        xp = get_array_module(x)
+        b, h, t, dk = x.shape
+        return xp.ascontiguousarray(x.transpose(0, 2, 1, 3)).reshape(b, t, h * dk)
+
+    def backward(self, grad):
+        b, t, width = grad.shape
+        h = self.inputs[0].shape[1]
+        return grad.reshape(b, t, h, width // h).transpose(0, 2, 1, 3)
+
+
 class Concatenate(Function):
     """Join tensors along an existing axis; backward splits the gradient."""
 
