@@ -82,6 +82,38 @@ def test_dropout(shape, p, seed):
     gradcheck(fn, [leaf(a)])
 
 
+@given(shape=hnp.array_shapes(min_dims=0, max_dims=3, max_side=4),
+       p=st.sampled_from([0.1, 0.5, 0.9]), seed=SEEDS)
+def test_dropout_add(shape, p, seed):
+    """residual + dropout(x) as one node: the same mask as F.dropout from the same seed,
+    and the gradients of both inputs (gradcheck with a fixed mask)."""
+    g = np.random.default_rng(seed)
+    a, r = g.uniform(0.5, 2.0, size=shape), g.normal(size=shape)
+
+    def fn(x, res):
+        tinytf.manual_seed(seed)
+        return F.dropout_add(x, res, p, training=True)
+
+    tinytf.manual_seed(seed)
+    expected = leaf(r) + F.dropout(leaf(a), p, training=True)
+    out = fn(leaf(a), leaf(r))
+    np.testing.assert_array_equal(out.numpy(), expected.numpy())
+    if out._ctx is not None:
+        assert type(out._ctx).__name__ == "DropoutAdd"
+    gradcheck(fn, [leaf(a), leaf(r)])
+
+
+def test_dropout_add_identity_and_errors():
+    x, r = Tensor(np.ones((3, 4), np.float32)), Tensor(np.full((3, 4), 2.0, np.float32))
+    np.testing.assert_array_equal(F.dropout_add(x, r, 0.3, training=False).numpy(), 3.0)
+    np.testing.assert_array_equal(F.dropout_add(x, r, 0.0).numpy(), 3.0)
+    np.testing.assert_array_equal(F.dropout_add(x, r, 1.0).numpy(), 2.0)
+    with pytest.raises(ValueError, match="one shape"):
+        F.dropout_add(x, Tensor(np.ones(4, np.float32)), 0.3)
+    with pytest.raises(ValueError, match="dropout probability"):
+        F.dropout_add(x, r, 1.5)
+
+
 def test_dropout_statistics_and_identity():
     x = Tensor(np.ones((200, 500), dtype=np.float32))
     tinytf.manual_seed(0)

@@ -279,6 +279,21 @@ def test_dropout_residual_matches_numpy(on_cpu, kind):
 
 @needs_cxx
 @pytest.mark.parametrize("kind", STORAGES)
+def test_dropout_residual_of_another_dtype(on_cpu, kind):
+    # A 16-bit sub-layer output plus the float32 residual stream, in one launch: the result
+    # is float32 = residual + (x * mask rounded to x's dtype), as NumPy computes it.
+    x = rounded(rng.standard_normal((5, 40)), kind)
+    res = rng.standard_normal((5, 40)).astype(np.float32)
+    u = rng.random(x.shape, dtype=np.float32)
+    out, mask = kernels.dropout_forward(to_storage(x, kind), 0.2, res, uniform=u)
+    assert out.dtype == np.float32
+    dtype = np.float16 if kind == "float16" else np.float32
+    ref_mask = rounded((u >= 0.2).astype(dtype) * dtype(1.0 / 0.8), kind)
+    np.testing.assert_array_equal(out, rounded(x * ref_mask, kind) + res)
+
+
+@needs_cxx
+@pytest.mark.parametrize("kind", STORAGES)
 @pytest.mark.parametrize("eps,ignore", [(0.0, None), (0.1, 0), (0.2, 3)])
 def test_cross_entropy_matches_numpy(on_cpu, kind, eps, ignore):
     n, v = 11, 301
@@ -667,6 +682,25 @@ def test_gpu_every_op_forward_backward_equals_numpy(case):
     np.testing.assert_allclose(y_gpu, y_cpu, rtol=1e-4, atol=1e-5)
     for a, b in zip(g_gpu, g_cpu):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@gpu
+@pytest.mark.parametrize("kind", GPU_KINDS)
+def test_gpu_dropout_add_of_a_16_bit_sublayer(kind):
+    x = rounded(rng.standard_normal((64, 96)), kind)
+    res = rng.standard_normal((64, 96)).astype(np.float32)
+    u = rng.random(x.shape, dtype=np.float32)
+    out, mask = kernels.dropout_forward(to_gpu(x, kind), 0.1, cp.asarray(res), uniform=cp.asarray(u))
+    assert out.dtype == np.float32
+    ref = rounded(x * ((u >= 0.1) / np.float32(0.9)).astype(np.float32), kind) + res
+    np.testing.assert_allclose(cp.asnumpy(out), ref, rtol=1e-6, atol=1e-6)
+    t = Tensor(to_gpu(x, kind), requires_grad=True)
+    r = Tensor(cp.asarray(res), requires_grad=True)
+    y = F.dropout_add(t, r, 0.1)
+    y.backward(cp.ones(y.shape, dtype=y.dtype))
+    assert y.dtype == np.float32 and t.grad.dtype == t.dtype and r.grad.dtype == np.float32
+    kept = cp.asnumpy((y.data - r.data) != 0)
+    np.testing.assert_allclose(from_gpu(t.grad), kept / np.float32(0.9), rtol=1e-2)
 
 
 @gpu

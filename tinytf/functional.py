@@ -65,6 +65,20 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     return ops.Dropout.apply(x, p=p)
 
 
+def dropout_add(x: Tensor, residual: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
+    """residual + dropout(x, p): a residual connection's sum as one node (same shapes).
+
+    Equal to ``residual + dropout(x, p, training)``, drawing the same random mask.
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+    if not training or p == 0.0:
+        return residual + x
+    if p == 1.0:
+        return residual + x * 0.0
+    return ops.DropoutAdd.apply(x, residual, p=p)
+
+
 def embedding(ids, weight: Tensor) -> Tensor:
     """weight[ids]: rows of the embedding matrix; repeated ids accumulate gradient."""
     return ops.Embedding.apply(weight, _int_tensor(ids))

@@ -319,9 +319,11 @@ class SublayerConnection(nn.Module):
         self.pre_norm = pre_norm
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
+        # F.dropout_add(y, x, p) is x + Dropout(y), as one node.
+        p, training = self.dropout.p, self.training
         if self.pre_norm:
-            return x + self.dropout(sublayer(self.norm(x)))
-        return self.norm(x + self.dropout(sublayer(x)))
+            return F.dropout_add(sublayer(self.norm(x)), x, p, training)
+        return self.norm(F.dropout_add(sublayer(x), x, p, training))
 
 
 class EncoderLayer(nn.Module):

@@ -257,22 +257,26 @@ def dropout_forward(x, p: float, residual=None, uniform=None):
 
     ``u`` is drawn from tinytf's generator (``backend.rng``) unless ``uniform`` (float32,
     x's shape) is given; the op saves ``mask`` and its backward stays ``grad * mask``.
+    With a ``residual`` (broadcastable to x), out has NumPy's dtype of residual + x * mask:
+    a bf16 sub-layer output added to the float32 residual stream gives float32, in the
+    same launch.
     """
     _runtime.count("dropout_forward")
     xp = backend.get_array_module(x)
-    if residual is not None and residual.dtype != x.dtype:
-        out, mask = dropout_forward(x, p, None, uniform)
-        return residual + out, mask
+    out_dtype = x.dtype if residual is None else _promote(x.dtype, residual.dtype)
     if uniform is None:
         uniform = backend.rng(xp).random(x.shape, dtype=np.float32)
     xc = xp.ascontiguousarray(x)
     u = xp.ascontiguousarray(uniform, dtype=np.float32)
     res = None if residual is None else xp.ascontiguousarray(xp.broadcast_to(residual, x.shape))
-    out = xp.empty_like(xc)
+    if res is not None and res.dtype != out_dtype:
+        res = res.astype(out_dtype)
+    out = xp.empty(x.shape, dtype=out_dtype)
     mask = xp.empty_like(xc)
     if x.size:
         grid, block = _flat_grid(x.size)
-        _runtime.launch("dropout_fwd", [_runtime.storage(x.dtype)], grid, block,
+        _runtime.launch("dropout_fwd", [_runtime.storage(x.dtype), _runtime.storage(out_dtype)],
+                        grid, block,
                         (xc, u, _runtime.address(res), out, mask, x.size, p, 1.0 / (1.0 - p)))
     return out, mask
 

@@ -282,18 +282,18 @@ __global__ void column_sums_finish(unsigned long long dw_part_addr, const float*
 // Dropout (+ residual): mask = (u >= p) / (1 - p), rounded to T as NumPy's
 // keep.astype(T) * scale is; out = x * mask (+ residual). One pass instead of four.
 // ---------------------------------------------------------------------------------
-template <typename T>
+template <typename T, typename TR>
 __global__ void dropout_fwd(const T* __restrict__ x, const float* __restrict__ u,
-                            unsigned long long residual_addr, T* __restrict__ out,
+                            unsigned long long residual_addr, TR* __restrict__ out,
                             T* __restrict__ mask, long long n, float p, float scale) {
-    const T* residual = (const T*)residual_addr;
+    const TR* residual = (const TR*)residual_addr;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         float m = to_f32(from_f32<T>(u[i] >= p ? scale : 0.0f));
         mask[i] = from_f32<T>(m);
-        float v = to_f32(from_f32<T>(to_f32(x[i]) * m));
-        if (residual) v += to_f32(residual[i]);
-        out[i] = from_f32<T>(v);
+        float v = to_f32(from_f32<T>(to_f32(x[i]) * m));   // x * mask in x's dtype
+        if (residual) v += to_f32(residual[i]);           // + residual, in out's dtype TR
+        out[i] = from_f32<TR>(v);
     }
 }
 
@@ -423,7 +423,7 @@ INSTANTIATIONS = (
     + [f"layer_norm_bwd<{t}>" for t in STORAGE]
     + [f"column_sums<{t}>" for t in STORAGE]
     + [f"column_sums_finish<{t}>" for t in STORAGE]
-    + [f"dropout_fwd<{t}>" for t in STORAGE]
+    + [f"dropout_fwd<{t}, {tr}>" for t in STORAGE for tr in STORAGE]
     + [f"xent_fwd<{t}>" for t in STORAGE]
     + [f"bias_relu_fwd<{t}>" for t in STORAGE]
     + [f"relu_bwd<{t}>" for t in STORAGE]

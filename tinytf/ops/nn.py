@@ -141,6 +141,34 @@ class Dropout(Function):
         return grad * self.mask
 
 
+class DropoutAdd(Function):
+    """residual + dropout(x): the residual connection around a sub-layer, one node.
+
+    ``x`` and ``residual`` have one shape; the result has NumPy's dtype of the sum (a bf16
+    sub-layer output added to the float32 residual stream is float32). The random mask
+    is drawn as :class:`Dropout` draws it. Backward: d(residual) = g, dx = g * mask.
+    On the GPU the forward is one launch (``kernels.dropout_forward`` with a residual).
+    """
+
+    def forward(self, x, residual, p):
+        if x.shape != residual.shape:
+            raise ValueError(f"dropout_add: x {x.shape} and residual {residual.shape} "
+                             f"must have one shape")
+        xp = get_array_module(x)
+        if kernels.fused(x, residual):
+            out, self.mask = kernels.dropout_forward(x, p, residual=residual)
+            return out
+        keep = backend.rng(xp).random(x.shape, dtype=np.float32) >= p
+        self.mask = keep.astype(x.dtype)
+        self.mask *= 1.0 / (1.0 - p)
+        out = x * self.mask
+        return residual + out
+
+    def backward(self, grad):
+        gx = grad * self.mask if self.needs_input_grad[0] else None
+        return gx, grad
+
+
 class Embedding(Function):
     """Rows of ``weight`` picked by integer ``ids``; backward scatter-adds into the rows.
 
