@@ -256,8 +256,12 @@ class Tensor:
         if not hasattr(other, "dtype") or isinstance(other, np.generic):
             # Python numbers, NumPy scalars and lists take this tensor's dtype (no upcast)
             other = np.asarray(other)
-            return Tensor(xp.asarray(other, dtype=self.dtype if other.dtype.kind in "fib"
-                                     else other.dtype))
+            dtype = self.dtype if other.dtype.kind in "fib" else other.dtype
+            if xp is not np and other.ndim == 0:
+                # On the GPU a scalar is filled in by a kernel, not copied from host memory:
+                # a host-to-device copy per scalar costs more and cannot be graph-captured.
+                return Tensor(xp.full((), other.item(), dtype=dtype))
+            return Tensor(xp.asarray(other, dtype=dtype))
         return Tensor(xp.asarray(other))
 
     def __add__(self, other): return _ops().Add.apply(self, self._wrap(other))
