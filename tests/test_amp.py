@@ -117,8 +117,8 @@ def test_autocast_bf16_emulation_rounds_inputs_and_grads():
 
 
 def test_autocast_linear_casts_inside_the_op():
-    # Under autocast, F.linear adds one Linear node and no cast nodes: the op rounds x, W
-    # and b itself; dx is rounded (a bf16 array on a GPU), dW and db are float32 sums of
+    # Under autocast, F.linear adds one Linear node and no cast nodes: the op rounds x and
+    # W itself and adds the float32 bias; dx is rounded (a bf16 array on a GPU), dW and db are float32 sums of
     # the rounded operands (cuBLAS's float32 result), not rounded again.
     x = Tensor(rng.standard_normal((5, 8)).astype(np.float32), requires_grad=True)
     w = tinytf.nn.Parameter(rng.standard_normal((7, 8)))
@@ -126,8 +126,8 @@ def test_autocast_linear_casts_inside_the_op():
     with amp.autocast("bf16"):
         y = F.linear(x, w, b)
     assert type(y._ctx).__name__ == "Linear" and y._ctx.inputs == (x, w, b)
-    xr, wr, br = (amp.round_to_bf16(t.data) for t in (x, w, b))
-    np.testing.assert_allclose(y.data, xr @ wr.T + br, rtol=1e-6, atol=1e-6)
+    xr, wr = (amp.round_to_bf16(t.data) for t in (x, w))
+    np.testing.assert_allclose(y.data, xr @ wr.T + b.data, rtol=1e-6, atol=1e-6)  # float32 bias
     g = rng.standard_normal(y.shape).astype(np.float32)
     y.backward(g)
     np.testing.assert_array_equal(x.grad, amp.round_to_bf16(g @ wr))

@@ -279,6 +279,17 @@ def test_dropout_residual_matches_numpy(on_cpu, kind):
 
 @needs_cxx
 @pytest.mark.parametrize("kind", STORAGES)
+def test_add_bias_matches_numpy(on_cpu, kind):
+    # y += b (float32) in place: NumPy's sum in float32, stored rounded to y's dtype.
+    y = rounded(rng.standard_normal((6, 37)), kind)
+    b = rng.standard_normal(37).astype(np.float32)
+    out = to_storage(y, kind).copy()   # (float32 storage is y itself)
+    kernels.add_bias_(out, b)
+    np.testing.assert_array_equal(to_f32(out, kind), rounded(y + b, kind))
+
+
+@needs_cxx
+@pytest.mark.parametrize("kind", STORAGES)
 def test_dropout_residual_of_another_dtype(on_cpu, kind):
     # A 16-bit sub-layer output plus the float32 residual stream, in one launch: the result
     # is float32 = residual + (x * mask rounded to x's dtype), as NumPy computes it.
@@ -551,6 +562,9 @@ def test_gpu_fused_kernels_match_numpy(kind):
     np.testing.assert_allclose(from_gpu(out), x * (u >= 0.1) / np.float32(0.9), **TOL[kind])
     y = kernels.relu_forward(to_gpu(x, kind))
     np.testing.assert_array_equal(from_gpu(y), np.maximum(x, 0))
+    y, bias = to_gpu(x, kind), rng.standard_normal(64).astype(np.float32)
+    kernels.add_bias_(y, cp.asarray(bias))
+    np.testing.assert_allclose(from_gpu(y), rounded(x + bias, kind), **TOL[kind])
 
 
 @gpu

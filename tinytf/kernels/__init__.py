@@ -31,7 +31,7 @@ from .sources import ELEMENTWISE_THREADS, ROWS_PER_BLOCK
 
 __all__ = ["fused", "set_enabled", "softmax_forward", "softmax_backward", "layer_norm_forward",
            "layer_norm_backward", "dropout_forward", "cross_entropy_forward", "relu_forward",
-           "relu_backward", "bias_grad", "unscale_", "adam_step", "matmul", "set_tf32",
+           "relu_backward", "add_bias_", "bias_grad", "unscale_", "adam_step", "matmul", "set_tf32",
            "tf32_enabled", "calls"]
 
 _enabled = os.environ.get("TINYTF_FUSED", "1") != "0"
@@ -322,6 +322,22 @@ def relu_forward(x, bias=None):
         _runtime.launch("bias_relu_fwd", [_runtime.storage(x.dtype)], grid, block,
                         (xc, _runtime.address(b), y, x.size, x.shape[-1]))
     return y
+
+
+def add_bias_(y, bias) -> None:
+    """y += bias in place over the last axis (bias read as float32, y any storage type).
+
+    NumPy's ``y += bias`` for a 16-bit y and a float32 bias: the sum in float32, stored
+    rounded to y's dtype. One launch; no cast of the bias, no temporary.
+    """
+    _runtime.count("add_bias")
+    xp = backend.get_array_module(y)
+    if not y.flags.c_contiguous:
+        raise ValueError("add_bias_: y must be C-contiguous")
+    if y.size:
+        grid, block = _flat_grid(y.size)
+        _runtime.launch("add_bias", [_runtime.storage(y.dtype)], grid, block,
+                        (y, _f32(xp, bias), y.size, y.shape[-1]))
 
 
 def relu_backward(y, grad):

@@ -350,7 +350,8 @@ __global__ void xent_fwd(const T* __restrict__ logits, const long long* __restri
 }
 
 // ---------------------------------------------------------------------------------
-// ReLU (+ bias): y = max(x + b[col], 0) over rows of length n; backward g * (y > 0).
+// ReLU (+ bias): y = max(x + b[col], 0) over rows of length n; backward g * (y > 0);
+// a bias alone, in place.
 // ---------------------------------------------------------------------------------
 template <typename T>
 __global__ void bias_relu_fwd(const T* __restrict__ x, unsigned long long bias_addr,
@@ -362,6 +363,15 @@ __global__ void bias_relu_fwd(const T* __restrict__ x, unsigned long long bias_a
         if (bias) v = to_f32(from_f32<T>(v + bias[i % n]));   // x + b is rounded to T first
         y[i] = from_f32<T>(v > 0.0f ? v : 0.0f);
     }
+}
+
+// y += b[col] in place (a linear layer's bias, float32, added to its T output).
+template <typename T>
+__global__ void add_bias(T* __restrict__ y, const float* __restrict__ bias, long long total,
+                         int n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x)
+        y[i] = from_f32<T>(to_f32(y[i]) + bias[i % n]);
 }
 
 template <typename T>
@@ -426,6 +436,7 @@ INSTANTIATIONS = (
     + [f"dropout_fwd<{t}, {tr}>" for t in STORAGE for tr in STORAGE]
     + [f"xent_fwd<{t}>" for t in STORAGE]
     + [f"bias_relu_fwd<{t}>" for t in STORAGE]
+    + [f"add_bias<{t}>" for t in STORAGE]
     + [f"relu_bwd<{t}>" for t in STORAGE]
     + [f"unscale_check<{t}>" for t in STORAGE]
     + [f"adam_step<{t}>" for t in STORAGE]

@@ -1,7 +1,10 @@
 """Matrix products: general (batched, broadcast) matmul and the fused linear layer."""
 from __future__ import annotations
 
+import numpy as np
+
 from .. import amp, kernels
+from ..backend import get_array_module
 from ..kernels import matmul
 from ..tensor import Function
 from .elementwise import sum_to
@@ -46,7 +49,8 @@ class Linear(Function):
     casts its float32 operands to it (``amp.to_compute``) and computes in it, so the graph
     needs no cast nodes. The output has the compute dtype; dx too (the engine converts it
     to x's dtype); dW and db are float32 sums of the 16-bit operands, written as float32
-    (cuBLAS's float32 result type), with no 16-bit rounding and no cast.
+    (cuBLAS's float32 result type), with no 16-bit rounding and no cast. The float32 bias
+    is added to the output as it is (the sum rounded once, to the output's dtype).
     """
 
     def forward(self, x, weight, bias=None, compute_dtype=None):
@@ -56,9 +60,7 @@ class Linear(Function):
             x2, weight = amp.to_compute(x2, compute_dtype), amp.to_compute(weight, compute_dtype)
         out = matmul(x2, weight.T)
         if bias is not None:
-            if compute_dtype is not None:
-                bias = amp.to_compute(bias, compute_dtype)
-            out += bias if bias.dtype == out.dtype else bias.astype(out.dtype)
+            _add_bias(out, bias)
         self.save_for_backward(x2, weight)
         self.in_shape = x.shape
         self.param_dtypes = (self.inputs[1].dtype,
@@ -84,3 +86,13 @@ class Linear(Function):
             else:
                 gb = g2.sum(axis=0, dtype=b_dtype if self.compute_dtype is not None else None)
         return gx, gw, gb
+
+
+def _add_bias(out, bias) -> None:
+    """out += bias in place, bias over the last axis; out keeps its dtype."""
+    if kernels.fused(out, bias):
+        kernels.add_bias_(out, bias)
+    elif bias.dtype == out.dtype or get_array_module(out) is np:
+        out += bias                     # NumPy: the sum in the wider type, stored as out's
+    else:
+        out += bias.astype(out.dtype)   # CuPy without the fused kernels
