@@ -159,6 +159,9 @@ def test_matmul_out_dtype_on_numpy():
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-6, atol=1e-6)
     assert kernels.matmul(a, b).dtype == np.float16
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    np.testing.assert_allclose(kernels.matmul(a32, b32, alpha=0.25), (a32 @ b32) * 0.25,
+                               rtol=1e-6)
 
 
 # ----- DynamicLossScaler -----------------------------------------------------------------

@@ -603,6 +603,13 @@ def test_gpu_cublas_matmul_matches_numpy(mode):
         got = from_gpu(kernels.matmul(to_gpu(big_a, kind), to_gpu(big_b, kind).T))
         want = rounded(big_a, kind).astype(np.float64) @ rounded(big_b, kind).astype(np.float64).T
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < tol
+        # alpha inside the cuBLAS call (attention's 1/sqrt(d_k)), 2-D and batched.
+        got = from_gpu(kernels.matmul(to_gpu(big_a, kind), to_gpu(big_b, kind).T, alpha=0.125))
+        assert np.linalg.norm(got - want * 0.125) / np.linalg.norm(want * 0.125) < tol
+        qa, ka = rounded(rng.standard_normal((2, 3, 5, 8)), kind), rounded(rng.standard_normal((2, 3, 7, 8)), kind)
+        got = from_gpu(kernels.matmul(to_gpu(qa, kind), to_gpu(ka, kind).swapaxes(-1, -2), alpha=0.5))
+        want = 0.5 * (qa.astype(np.float64) @ ka.astype(np.float64).swapaxes(-1, -2))
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < tol
     finally:
         kernels.set_tf32(False)
 

@@ -115,8 +115,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask=None, dropout: float = 0.0,
     out = ops.Attention.apply(q, k, v, mask=mask, dropout=dropout if training else 0.0)
     if not return_weights:
         return out
-    scaled_q = q.data * (1.0 / math.sqrt(q.shape[-1]))
-    return out, ops.nn.attention_weights(scaled_q, k.data, mask)
+    return out, ops.nn.attention_weights(q.data, k.data, mask, 1.0 / math.sqrt(q.shape[-1]))
 
 
 def split(x: Tensor, sizes, axis: int = 0) -> tuple:

@@ -181,7 +181,7 @@ _ALPHA = np.ones(1, dtype=np.float32)   # host scalars for cuBLAS (pointer mode 
 _BETA = np.zeros(1, dtype=np.float32)
 
 
-def matmul(a, b, out_dtype=None):
+def matmul(a, b, out_dtype=None, alpha: float = 1.0):
     """a @ b (NumPy semantics for arrays of two or more dimensions).
 
     NumPy arrays: exactly ``a @ b``. CuPy float32/float16/bfloat16 arrays of one dtype:
@@ -192,14 +192,21 @@ def matmul(a, b, out_dtype=None):
     themselves (cuBLAS's C type float32), not their 16-bit rounding: how a float32
     weight's gradient is formed from bf16 activations without a cast afterwards. On
     NumPy the product is then taken in float32.
+
+    ``alpha`` scales the product: on the GPU inside the same cuBLAS call (its alpha), so
+    attention's 1/sqrt(d_k) costs no pass of its own; on NumPy, in place afterwards.
     """
     xp = backend.get_array_module(a, b)
     if out_dtype is not None:
         out_dtype = np.dtype(out_dtype)
     if xp is np:
         if out_dtype is None or out_dtype == np.result_type(a.dtype, b.dtype):
-            return a @ b
-        return a.astype(out_dtype, copy=False) @ b.astype(out_dtype, copy=False)
+            out = a @ b
+        else:
+            out = a.astype(out_dtype, copy=False) @ b.astype(out_dtype, copy=False)
+        if alpha != 1.0:
+            out *= alpha
+        return out
     if a.dtype != b.dtype:
         # NumPy's promotion (bfloat16 with float32 gives float32), then one cuBLAS call:
         # cupy.matmul itself takes no bfloat16.
@@ -211,10 +218,13 @@ def matmul(a, b, out_dtype=None):
         # Only a float32 result of float16/bfloat16 inputs is one cuBLAS call; any other
         # request is the product in a's dtype, cast.
         if out_dtype != np.float32 or ctype is None or a.dtype == np.float32:
-            return matmul(a, b).astype(out_dtype)
+            return matmul(a, b, alpha=alpha).astype(out_dtype)
         out_ctype = _cuda_type(out_dtype)
-    if ctype is None:
-        return a @ b
+    if ctype is None:   # float64 (gradient checks on the GPU): CuPy's own product
+        out = a @ b
+        if alpha != 1.0:
+            out *= alpha
+        return out
     p = plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)
     for _ in range(2):  # an operand laid out in no way cuBLAS reads is copied, at most both
         if not isinstance(p, tuple):
@@ -227,11 +237,17 @@ def matmul(a, b, out_dtype=None):
     result_dtype = a.dtype if out_dtype is None else out_dtype
     if not isinstance(p, Plan):
         if a.dtype.name == "bfloat16":  # cupy.matmul takes no bfloat16: float32, rounded back
-            return xp.matmul(a.astype(np.float32), b.astype(np.float32)).astype(result_dtype)
-        return xp.matmul(a, b).astype(result_dtype, copy=False)
+            out = xp.matmul(a.astype(np.float32), b.astype(np.float32))
+            if alpha != 1.0:
+                out *= alpha
+            return out.astype(result_dtype)
+        out = xp.matmul(a, b).astype(result_dtype, copy=False)
+        if alpha != 1.0:
+            out *= alpha
+        return out
     _runtime.count("matmul")
     out = xp.empty(p.out_shape, dtype=result_dtype)
-    _gemm(p, b, a, out, ctype, out_ctype)
+    _gemm(p, b, a, out, ctype, out_ctype, alpha)
     return out
 
 
@@ -239,9 +255,13 @@ def _cuda_runtime():
     return backend.array_module("gpu").cuda.runtime
 
 
-def _gemm(p: Plan, first, second, out, ctype, out_ctype=None) -> None:  # pragma: no cover
-    """One cuBLAS call: ``out`` (C type ``out_ctype``, default ``ctype``) = first/second."""
+def _gemm(p: Plan, first, second, out, ctype, out_ctype=None,
+          alpha: float = 1.0) -> None:  # pragma: no cover - GPU only
+    """One cuBLAS call: ``out`` (C type ``out_ctype``, default ``ctype``) = alpha * the
+    product of ``second`` and ``first`` as :class:`Plan` ``p`` reads them."""
     out_ctype = ctype if out_ctype is None else out_ctype
+    # Host pointer mode: cuBLAS reads alpha during the call, so a local array will do.
+    alpha_host = _ALPHA if alpha == 1.0 else np.array([alpha], dtype=np.float32)
     cupy = backend.array_module("gpu")
     from cupy_backends.cuda.libs import cublas  # noqa: PLC0415 (optional dependency)
     handle = cupy.cuda.device.get_cublas_handle()
@@ -253,12 +273,12 @@ def _gemm(p: Plan, first, second, out, ctype, out_ctype=None) -> None:  # pragma
     algo = getattr(cublas, "CUBLAS_GEMM_DEFAULT", -1)
     f, s = p.first, p.second
     if p.batch == 1:
-        cublas.gemmEx(handle, f.op, s.op, p.m, p.n, p.k, _ALPHA.ctypes.data,
+        cublas.gemmEx(handle, f.op, s.op, p.m, p.n, p.k, alpha_host.ctypes.data,
                       first.data.ptr, ctype, f.ld, second.data.ptr, ctype, s.ld,
                       _BETA.ctypes.data, out.data.ptr, out_ctype, p.m, compute, algo)
     else:
         cublas.gemmStridedBatchedEx(
-            handle, f.op, s.op, p.m, p.n, p.k, _ALPHA.ctypes.data,
+            handle, f.op, s.op, p.m, p.n, p.k, alpha_host.ctypes.data,
             first.data.ptr, ctype, f.ld, f.batch_stride,
             second.data.ptr, ctype, s.ld, s.batch_stride,
             _BETA.ctypes.data, out.data.ptr, out_ctype, p.m, p.m * p.n, p.batch, compute, algo)

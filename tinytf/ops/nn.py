@@ -296,10 +296,10 @@ class CrossEntropy(Function):
         return probs, None
 
 
-def attention_weights(scaled_q, k, mask=None):
-    """softmax(q k^T) with masked scores set to the dtype's most negative finite value."""
-    xp = get_array_module(scaled_q)
-    scores = kernels.matmul(scaled_q, k.swapaxes(-1, -2))
+def attention_weights(q, k, mask=None, scale: float = 1.0):
+    """softmax(scale * q k^T) with masked scores set to the dtype's most negative finite value."""
+    xp = get_array_module(q)
+    scores = kernels.matmul(q, k.swapaxes(-1, -2), alpha=scale)
     if kernels.fused(scores):
         return kernels.softmax_forward(scores, -1, mask=mask)
     if mask is not None:
@@ -321,8 +321,10 @@ class Attention(Function):
 
     def forward(self, q, k, v, mask=None, dropout=0.0):
         xp = get_array_module(q)
-        qs = q * (1.0 / math.sqrt(q.shape[-1]))
-        weights = attention_weights(qs, k, mask)                 # (B, h, Tq, Tk)
+        # The 1/sqrt(d) scale rides on the products (cuBLAS's alpha on the GPU): no pass
+        # over q or the scores of its own, forward or backward.
+        self.scale = 1.0 / math.sqrt(q.shape[-1])
+        weights = attention_weights(q, k, mask, self.scale)      # (B, h, Tq, Tk)
         self.weights, self.mask = weights, mask
         if dropout:
             keep = backend.rng(xp).random(weights.shape, dtype=np.float32) >= dropout
@@ -330,13 +332,13 @@ class Attention(Function):
             weights = weights * self.drop_mask
         else:
             self.drop_mask = None
-        self.save_for_backward(qs, k, v, weights)
+        self.save_for_backward(q, k, v, weights)
         return kernels.matmul(weights, v)                        # (B, h, Tq, d)
 
     def backward(self, grad):
-        qs, k, v, dropped = self.saved
+        q, k, v, dropped = self.saved
         weights = self.weights
-        scale = 1.0 / math.sqrt(qs.shape[-1])
+        scale = self.scale
         need_q, need_k, need_v = self.needs_input_grad[:3]
         gv = kernels.matmul(dropped.swapaxes(-1, -2), grad) if need_v else None
         if not (need_q or need_k):
@@ -352,6 +354,6 @@ class Attention(Function):
             ds *= weights
         if self.mask is not None:  # masked scores are constants: a fully masked row's
             ds *= self.mask        # uniform weights must not send gradient to q or k
-        gq = kernels.matmul(ds, k) * scale if need_q else None
-        gk = kernels.matmul(ds.swapaxes(-1, -2), qs) if need_k else None
+        gq = kernels.matmul(ds, k, alpha=scale) if need_q else None
+        gk = kernels.matmul(ds.swapaxes(-1, -2), q, alpha=scale) if need_k else None
         return gq, gk, gv
