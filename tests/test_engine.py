@@ -328,3 +328,13 @@ def test_python_scalars_take_the_tensor_dtype():
         assert y.dtype == np.float32
     assert Tensor([1.0, 2.0]).dtype == np.float32   # Python floats default to float32
     assert Tensor([1, 2]).dtype.kind == "i"          # ints stay ints
+
+
+def test_op_outputs_are_arrays_even_from_full_reductions():
+    # NumPy's full reductions return scalars (np.float32), not arrays; an op's output
+    # tensor must hold a 0-d array all the same (in-place gradient code relies on it).
+    x = tinytf.Tensor(np.arange(4, dtype=np.float32), requires_grad=True)
+    s = x.sum()
+    assert isinstance(s.data, np.ndarray) and s.data.shape == () and s.dtype == np.float32
+    with tinytf.no_grad():
+        assert isinstance(x.sum().data, np.ndarray)

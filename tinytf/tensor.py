@@ -82,17 +82,13 @@ class Function:
         out = ctx.forward(*(t.data for t in inputs), **kwargs)
         requires_grad = _grad_enabled and any(ctx.needs_input_grad)
         if isinstance(out, tuple):  # several outputs: each records its place in the tuple
-            results = tuple(Tensor(o, requires_grad=requires_grad) for o in out)
+            results = tuple(Tensor._of_op(o, ctx if requires_grad else None) for o in out)
             if requires_grad:
                 ctx.n_outputs = len(results)
                 for i, result in enumerate(results):
-                    result._ctx, result._output_index = ctx, i
+                    result._output_index = i
             return results
-        if not requires_grad:
-            return Tensor(out)
-        result = Tensor(out, requires_grad=True)
-        result._ctx = ctx
-        return result
+        return Tensor._of_op(out, ctx if requires_grad else None)
 
 
 def _as_array(data, dtype=None):
@@ -130,6 +126,22 @@ class Tensor:
         if self.requires_grad and not backend.is_float(self.data.dtype):
             raise TypeError(f"only floating-point tensors can require a gradient, "
                             f"got dtype {self.data.dtype}")
+
+    @classmethod
+    def _of_op(cls, data, ctx) -> "Tensor":
+        """An op's output: ``data`` is already an array of the right dtype, so the checks of
+        ``__init__`` are skipped (this runs for every node of every step). ``ctx`` is the
+        node that made it when a gradient is needed, else None."""
+        if isinstance(data, np.generic) or not hasattr(data, "ndim"):
+            data = _as_array(data)   # a NumPy scalar from a full reduction: a 0-d array
+        t = cls.__new__(cls)
+        t.data, t.grad = data, None
+        t.requires_grad = ctx is not None
+        t._ctx, t._output_index, t._freed, t._grad_buffer = ctx, None, False, None
+        if ctx is not None and not backend.is_float(data.dtype):
+            raise TypeError(f"{type(ctx).__name__} returned {data.dtype}: only floating-point "
+                            f"tensors can require a gradient")
+        return t
 
     # ----- properties ---------------------------------------------------------------
     shape = property(lambda self: self.data.shape, doc="The array's shape.")
