@@ -278,6 +278,33 @@ def test_dropout_residual_matches_numpy(on_cpu, kind):
 
 
 @needs_cxx
+def test_dropout_draws_its_own_random_numbers(on_cpu):
+    # Without ``uniform`` the kernel hashes (seed, offset + i): about p of the elements
+    # dropped, independent draws from call to call, the same draws after manual_seed.
+    x = np.ones((40, 250), np.float32)
+    tinytf.manual_seed(7)
+    out1, mask1 = kernels.dropout_forward(x, 0.3)
+    out2, _ = kernels.dropout_forward(x, 0.3)
+    dropped = (out1 == 0).mean()
+    assert abs(dropped - 0.3) < 0.02                 # 10k draws: sd 0.0046
+    assert set(np.unique(out1)) == {np.float32(0), np.float32(1 / 0.7)}
+    np.testing.assert_array_equal(out1, x * mask1)
+    agree = ((out1 == 0) == (out2 == 0)).mean()
+    assert abs(agree - (0.3 ** 2 + 0.7 ** 2)) < 0.02  # what independent masks agree on
+    tinytf.manual_seed(7)
+    np.testing.assert_array_equal(kernels.dropout_forward(x, 0.3)[0], out1)
+    # A new seed on the device gives new numbers at the same offsets (CUDA-graph replays).
+    tinytf.manual_seed(7)
+    stream = tinytf.backend.counter_stream(np)
+    stream.advance()
+    again, _ = kernels.dropout_forward(x, 0.3)
+    assert abs(((again == 0) == (out1 == 0)).mean() - 0.58) < 0.02
+    # The numbers are uniform: every tenth of [0, 1) gets its share of draws.
+    u_kept = [(kernels.dropout_forward(x, q)[0] != 0).mean() for q in np.arange(0.1, 1.0, 0.1)]
+    np.testing.assert_allclose(u_kept, 1 - np.arange(0.1, 1.0, 0.1), atol=0.02)
+
+
+@needs_cxx
 @pytest.mark.parametrize("kind", STORAGES)
 def test_add_bias_matches_numpy(on_cpu, kind):
     # y += b (float32) in place: NumPy's sum in float32, stored rounded to y's dtype.

@@ -134,6 +134,38 @@ def rng(xp=np):
     return _rngs[key]
 
 
+class CounterStream:
+    """Random numbers for the fused GPU kernels: ``uniform(seed, offset + i)`` by a hash.
+
+    ``seed`` is a one-element uint64 array on the device (from :func:`manual_seed`'s seed);
+    :meth:`take` hands out consecutive, never reused offsets. The kernel hashes (seed,
+    offset + i) itself, so drawing costs no launch and no array of random numbers, and a
+    replayed CUDA graph (whose offsets are fixed) draws new numbers after :meth:`advance`.
+    """
+
+    def __init__(self, xp, seed: int):
+        self.seed = xp.full(1, seed % 2 ** 64, dtype=np.uint64)
+        self.offset = 0
+
+    def take(self, n: int) -> int:
+        """The first of ``n`` fresh offsets."""
+        first = self.offset
+        self.offset += int(n)
+        return first
+
+    def advance(self) -> None:
+        """A new seed on the device (one small launch, no host round trip)."""
+        self.seed += np.uint64(1)
+
+
+def counter_stream(xp) -> CounterStream:
+    """The :class:`CounterStream` of array module ``xp`` (reset by :func:`manual_seed`)."""
+    key = "counter:" + xp.__name__
+    if key not in _rngs:
+        _rngs[key] = CounterStream(xp, _seed)
+    return _rngs[key]
+
+
 def get_rng_state() -> dict:
     """The CPU generator's state as a JSON-serialisable dict (for checkpoints)."""
     return {"seed": _seed, "numpy": rng(np).bit_generator.state}

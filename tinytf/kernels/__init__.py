@@ -255,8 +255,9 @@ def bias_grad(grad, out_dtype=None):
 def dropout_forward(x, p: float, residual=None, uniform=None):
     """(out, mask): mask = (u >= p) / (1 - p) in x's dtype, out = x * mask (+ residual).
 
-    ``u`` is drawn from tinytf's generator (``backend.rng``) unless ``uniform`` (float32,
-    x's shape) is given; the op saves ``mask`` and its backward stays ``grad * mask``.
+    ``u`` is drawn in the kernel from ``backend.counter_stream`` (a hash of the seed and
+    the element's offset) unless ``uniform`` (float32, x's shape) is given; the op saves
+    ``mask`` and its backward stays ``grad * mask``.
     With a ``residual`` (broadcastable to x), out has NumPy's dtype of residual + x * mask:
     a bf16 sub-layer output added to the float32 residual stream gives float32, in the
     same launch.
@@ -264,10 +265,10 @@ def dropout_forward(x, p: float, residual=None, uniform=None):
     _runtime.count("dropout_forward")
     xp = backend.get_array_module(x)
     out_dtype = x.dtype if residual is None else _promote(x.dtype, residual.dtype)
-    if uniform is None:
-        uniform = backend.rng(xp).random(x.shape, dtype=np.float32)
+    stream = backend.counter_stream(xp)
+    offset = stream.take(x.size) if uniform is None else 0
     xc = xp.ascontiguousarray(x)
-    u = xp.ascontiguousarray(uniform, dtype=np.float32)
+    u = None if uniform is None else xp.ascontiguousarray(uniform, dtype=np.float32)
     res = None if residual is None else xp.ascontiguousarray(xp.broadcast_to(residual, x.shape))
     if res is not None and res.dtype != out_dtype:
         res = res.astype(out_dtype)
@@ -277,7 +278,8 @@ def dropout_forward(x, p: float, residual=None, uniform=None):
         grid, block = _flat_grid(x.size)
         _runtime.launch("dropout_fwd", [_runtime.storage(x.dtype), _runtime.storage(out_dtype)],
                         grid, block,
-                        (xc, u, _runtime.address(res), out, mask, x.size, p, 1.0 / (1.0 - p)))
+                        (xc, _runtime.address(u), stream.seed, offset, _runtime.address(res),
+                         out, mask, x.size, p, 1.0 / (1.0 - p)))
     return out, mask
 
 

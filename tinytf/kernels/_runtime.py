@@ -71,7 +71,7 @@ def signatures() -> dict:
 
 
 _C_OF_DTYPE = {"int64": "long long", "int32": "int", "uint8": "unsigned char",
-               "bool": "unsigned char"}
+               "bool": "unsigned char", "uint64": "unsigned long long"}
 
 
 def _c_name(dtype) -> str | None:

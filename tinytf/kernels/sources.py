@@ -91,6 +91,20 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 // The row this warp owns (blocks of ROWS_PER_BLOCK warps), and the lane in it.
+// Counter-based random numbers (dropout): uniform(key, i) is a hash of (key, i), so each
+// element draws its own number with no generator state and no separate launch, and a
+// captured CUDA graph draws new numbers when the key in device memory changes.
+// SplitMix64 (Steele, Lea & Flood 2014) finaliser; 24 bits make a float in [0, 1).
+__device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+__device__ __forceinline__ float uniform_at(unsigned long long key, unsigned long long i) {
+    return (float)(splitmix64(key + i) >> 40) * (1.0f / 16777216.0f);
+}
+
 __device__ __forceinline__ long long warp_row() {
     return (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
 }
@@ -283,13 +297,17 @@ __global__ void column_sums_finish(unsigned long long dw_part_addr, const float*
 // keep.astype(T) * scale is; out = x * mask (+ residual). One pass instead of four.
 // ---------------------------------------------------------------------------------
 template <typename T, typename TR>
-__global__ void dropout_fwd(const T* __restrict__ x, const float* __restrict__ u,
+__global__ void dropout_fwd(const T* __restrict__ x, unsigned long long u_addr,
+                            const unsigned long long* __restrict__ seed, long long offset,
                             unsigned long long residual_addr, TR* __restrict__ out,
                             T* __restrict__ mask, long long n, float p, float scale) {
+    const float* u = (const float*)u_addr;   // given numbers (tests), or 0: draw them here
     const TR* residual = (const TR*)residual_addr;
+    const unsigned long long key = splitmix64(seed[0]) + (unsigned long long)offset;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
-        float m = to_f32(from_f32<T>(u[i] >= p ? scale : 0.0f));
+        float ui = u ? u[i] : uniform_at(key, (unsigned long long)i);
+        float m = to_f32(from_f32<T>(ui >= p ? scale : 0.0f));
         mask[i] = from_f32<T>(m);
         float v = to_f32(from_f32<T>(to_f32(x[i]) * m));   // x * mask in x's dtype
         if (residual) v += to_f32(residual[i]);           // + residual, in out's dtype TR
