@@ -8,7 +8,9 @@
 #    the whole Transformer's loss and gradients against the CPU, mixed precision against
 #    float32, incremental and beam decoding against the CPU (tests/test_gpu.py);
 # 3. bench/gpu_train.py: training tokens/s and MFU of `base` at 25k-token batches in
-#    float32, tf32 and bf16, decoding sentences/s, and PyTorch eager on the same GPU;
+#    float32, tf32 and bf16, and bf16 with the step replayed as a CUDA graph (its
+#    gradients checked against the ordinary step's), decoding sentences/s, and PyTorch
+#    eager on the same GPU;
 # 4. the command-line tools: train.py --device gpu --precision bf16 (tiny) on the shipped
 #    corpus for 90 seconds, then translate.py --device gpu (beam 4) on the test set with BLEU.
 # Each stage has its own time limit, so a hang in one still leaves the others' figures.
@@ -58,7 +60,7 @@ echo "exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/tests_gpu.log"
 stage "training and decoding benchmark"
 if [ "$MODE" = quick ]; then steps=(--steps 5 --warmup 2 --decode-sentences 256); \
     else steps=(--steps 10 --warmup 3); fi
-timeout 240 $PY bench/gpu_train.py "${steps[@]}" --json "$OUT/gpu_train.json" \
+timeout 330 $PY bench/gpu_train.py "${steps[@]}" --json "$OUT/gpu_train.json" \
     --profile-dir "$OUT" 2>&1 | tee "$OUT/gpu_train.log"
 echo "exit status: ${PIPESTATUS[0]}"
 

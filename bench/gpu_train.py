@@ -221,37 +221,75 @@ def op_profile(dev: Device, cfg, mode: str, batch, path: str) -> dict:
     return result
 
 
-def graph_probe(dev: Device, cfg, mode: str, batch, steps: int = 10) -> dict:
-    """Can a whole tinytf training step be captured as one CUDA graph and replayed?
+def tinytf_graph_train(dev: Device, cfg, mode: str, batch, steps: int, warmup: int) -> dict:
+    """The tinytf step with its forward and backward replayed as a CUDA graph.
 
-    Replaying a graph removes the per-kernel launch cost from the host entirely (what
-    torch.cuda.CUDAGraph does). A probe, not a training mode: Adam's bias correction is
-    frozen at the captured step. Reports the replay time per step, or why capture failed.
+    ``tinytf.cuda_graph.CapturedStep`` records one step's launches and replays them; the
+    Adam step (one launch on the flat buffers) stays outside. First a check with dropout
+    off: the replayed gradients must equal those of the ordinary step on the same
+    weights (``grad_rel_diff``). Then the timed run with dropout on, as the eager row.
     """
-    cupy = dev.xp
-    step, _ = _tinytf_step_fn(dev, cfg, mode, batch)
-    stream = cupy.cuda.Stream(non_blocking=True)
-    try:
-        with stream:
-            for _ in range(3):   # fill the memory pool with every block the step needs
-                step()
-            stream.synchronize()
-            stream.begin_capture()
-            try:
-                step()
-            finally:
-                graph = stream.end_capture()
-            keep = step.loss     # the graph writes into this buffer on every replay
-            graph.launch(stream)
-            stream.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                graph.launch(stream)
-            stream.synchronize()
-            dt = (time.perf_counter() - t0) / steps
-        return {"replay_step_s": dt, "loss_after_replays": float(keep.data.get())}
-    except Exception as e:
-        return {"error": f"{type(e).__name__}: {e}"}
+    import dataclasses
+
+    import tinytf
+    from tinytf import amp, transformer
+    from tinytf import functional as F
+    from tinytf.cuda_graph import CapturedStep
+    from tinytf.optim import Adam
+
+    src, tgt_in, tgt_out = batch
+    ntok, v = int(tgt_out.size), cfg.vocab_size
+
+    def build(config):
+        dev.free()
+        tinytf.manual_seed(0)
+        model = transformer.Transformer(config).to(dev.name).train()
+        opt = Adam(model.named_parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+        def forward_backward():
+            with amp.autocast(mode):
+                logits = model(src, tgt_in)
+                loss = F.cross_entropy(logits.reshape(-1, v), tgt_out.reshape(-1),
+                                       label_smoothing=config.label_smoothing, ignore_index=0,
+                                       reduction="sum")
+                loss.backward()
+            return loss
+        forward_backward()          # one ordinary step: Adam builds its flat buffers
+        opt.step()
+        opt.zero_grad()
+        return opt, forward_backward
+
+    out = {}
+    opt, fb = build(dataclasses.replace(cfg, dropout=0.0))
+    fb()
+    eager = opt._flat.grad.copy()
+    opt.zero_grad()
+    graph = CapturedStep(fb, [p for _, p in opt.params])
+    graph()
+    dev.sync()
+    diff = dev.xp.linalg.norm(opt._flat.grad - eager) / dev.xp.linalg.norm(eager)
+    out["grad_rel_diff"] = float(diff)
+    del graph, opt, fb, eager
+
+    opt, fb = build(cfg)
+    graph = CapturedStep(fb, [p for _, p in opt.params])
+    unscale = amp.DynamicLossScaler(enabled=False)
+
+    def step():
+        loss = graph()
+        unscale.unscale_(opt.params, extra_factor=1.0 / ntok)   # the gradient per token
+        opt.step()
+        opt.zero_grad()
+        step.loss = loss
+    out["times"] = timed(step, steps, warmup, dev.sync)
+    out["loss"] = float(step.loss.item()) / ntok
+    dev.sync()
+    t0 = time.perf_counter()
+    step()
+    out["host_s"] = time.perf_counter() - t0
+    dev.sync()
+    out["pool_gib"] = (graph.pool.total_bytes() + dev.xp.get_default_memory_pool().total_bytes()) / 2 ** 30
+    return out
 
 
 def autocast_wired(dev: Device) -> bool:
@@ -382,8 +420,9 @@ def main(argv=None) -> int:
                     help="write a cProfile of one tinytf bf16 step here")
     ap.add_argument("--op-profile", default=None, metavar="FILE",
                     help="write per-op forward/backward times of one bf16 step to FILE")
-    ap.add_argument("--graph-probe", action="store_true",
-                    help="try capturing a bf16 training step as a CUDA graph and replaying it")
+    ap.add_argument("--graph", default="bf16", metavar="MODES",
+                    help="modes also timed with the step replayed as a CUDA graph "
+                         "(comma-separated; empty for none)")
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="run every code path on NumPy/CPU torch with tiny sizes (no figures)")
@@ -460,16 +499,26 @@ def main(argv=None) -> int:
                   f"{r['host']['total_s'] * 1e3:.1f} ms host -> {args.op_profile}", flush=True)
         except Exception as e:
             print(f"op profile: FAILED {type(e).__name__}: {e}", flush=True)
-    if args.graph_probe and dev.gpu:
-        r = graph_probe(dev, cfg, "bf16", batch)
-        report["graph_probe"] = r
-        if "error" in r:
-            print(f"CUDA graph of a bf16 step: FAILED {r['error']}", flush=True)
-        else:
-            print(f"CUDA graph of a bf16 step: {r['replay_step_s'] * 1e3:.1f} ms/step replayed "
-                  f"({ntok / r['replay_step_s']:.0f} tok/s, MFU "
-                  f"{100 * flops / r['replay_step_s'] / (PEAK_TFLOPS['bf16'] * 1e12):.1f}%)",
-                  flush=True)
+    for mode in [m for m in args.graph.split(",") if m] if dev.gpu else []:
+        peak = args.peak or PEAK_TFLOPS[mode]
+        row = report["train"].setdefault(mode, {})
+        try:
+            r = tinytf_graph_train(dev, cfg, mode, batch, args.steps, args.warmup)
+            r.update(summarise(r["times"], flops, ntok, peak))
+            print(f"train {mode:7s} graph : {r['step_s'] * 1e3:8.1f} ms/step  "
+                  f"{r['tokens_per_s']:10.0f} tok/s  {r['tflops']:6.1f} TFLOP/s  "
+                  f"MFU {100 * r['mfu']:5.1f}%  loss {r['loss']:.3f}", flush=True)
+            print(f"    replayed gradients vs the ordinary step's (dropout off): relative "
+                  f"difference {r['grad_rel_diff']:.2e}; host time {r['host_s'] * 1e3:.1f} "
+                  f"ms/step; pools {r['pool_gib']:.1f} GiB", flush=True)
+            if "step_s" in row.get("torch", {}):
+                r["vs_torch"] = row["torch"]["step_s"] / r["step_s"]
+                print(f"    tinytf graph speed / torch speed = {r['vs_torch']:.2f}", flush=True)
+        except Exception as e:
+            import traceback
+            r = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+            print(f"train {mode:7s} graph : FAILED {r['error']}\n{r['traceback']}", flush=True)
+        row["tinytf_graph"] = r
 
     n, new = args.decode_sentences, args.decode_new
     for label, fn in () if args.skip_decode else (

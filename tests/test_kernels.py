@@ -491,6 +491,91 @@ def test_cublas_plan_equals_numpy_matmul(name):
     np.testing.assert_allclose(run_plan(p, a, b), a @ b, rtol=1e-5, atol=1e-5)
 
 
+# A stand-in libcublas (plain C, float32 only) with the four functions graph capture calls:
+# it checks that the ctypes bindings pass every argument where cuBLAS expects it.
+_CUBLAS_STUB = r"""
+#include <stddef.h>
+static float at(const float* M, int op, int ld, int r, int c) {
+    return op == 0 ? M[r + (long long)c * ld] : M[c + (long long)r * ld];
+}
+static void gemm1(int ta, int tb, int m, int n, int k, float alpha, const float* A, int lda,
+                  const float* B, int ldb, float* C, int ldc) {
+    for (int j = 0; j < n; ++j)
+        for (int i = 0; i < m; ++i) {
+            double acc = 0.0;
+            for (int l = 0; l < k; ++l) acc += (double)at(A, ta, lda, i, l) * at(B, tb, ldb, l, j);
+            C[i + (long long)j * ldc] = (float)(alpha * acc);          /* beta = 0 */
+        }
+}
+void* last_stream; size_t workspace_size;
+int cublasGemmEx(void* h, int ta, int tb, int m, int n, int k, const void* alpha,
+                 const void* A, int at_, int lda, const void* B, int bt, int ldb,
+                 const void* beta, void* C, int ct, int ldc, int compute, int algo) {
+    if (at_ || bt || ct || *(const float*)beta != 0.0f || compute != 68 || algo != -1) return 7;
+    gemm1(ta, tb, m, n, k, *(const float*)alpha, A, lda, B, ldb, C, ldc);
+    return 0;
+}
+int cublasGemmStridedBatchedEx(void* h, int ta, int tb, int m, int n, int k, const void* alpha,
+                               const void* A, int at_, int lda, long long sa,
+                               const void* B, int bt, int ldb, long long sb, const void* beta,
+                               void* C, int ct, int ldc, long long sc, int batch,
+                               int compute, int algo) {
+    if (at_ || bt || ct || *(const float*)beta != 0.0f || compute != 68 || algo != -1) return 7;
+    for (int i = 0; i < batch; ++i)
+        gemm1(ta, tb, m, n, k, *(const float*)alpha, (const float*)A + i * sa, lda,
+              (const float*)B + i * sb, ldb, (float*)C + i * sc, ldc);
+    return 0;
+}
+int cublasSetStream_v2(void* h, void* s) { last_stream = s; return 0; }
+int cublasSetWorkspace_v2(void* h, void* w, size_t n) { workspace_size = n; return 0; }
+"""
+
+
+class _Ptr:
+    """Stands for a CuPy array in ``_gemm``: ``.data.ptr`` is the first element's address."""
+
+    def __init__(self, a):
+        self.data = type("Mem", (), {"ptr": a.ctypes.data})()
+
+
+@needs_cxx
+def test_cublas_c_api_path_computes_every_layout(tmp_path, monkeypatch):
+    # The products of a captured step go through cuBLAS's C API by ctypes (CuPy's wrappers
+    # refuse capture). Run that very path against a C stand-in of libcublas: every layout
+    # tinytf produces, 2-D and strided-batched, with alpha, must equal NumPy.
+    import ctypes
+    import subprocess
+    stub = tmp_path / "libcublas.so.99"
+    src = tmp_path / "stub.c"
+    src.write_text(_CUBLAS_STUB)
+    subprocess.run([host.compiler(), "-x", "c", "-shared", "-fPIC", "-O1", str(src), "-o", str(stub)],
+                   check=True)
+    if gemm.loaded_library_path("libcublas.so") not in (None, str(stub)):
+        pytest.skip("a real libcublas is loaded in this process")
+    lib = ctypes.CDLL(str(stub))
+    assert gemm.loaded_library_path("libcublas.so") == str(stub)
+    c = gemm._CublasC()
+    c.check(c.set_stream(None, ctypes.c_void_p(1234)), "cublasSetStream")
+    assert ctypes.c_void_p.in_dll(lib, "last_stream").value == 1234
+    monkeypatch.setattr(gemm, "_capture", (c, None))
+    monkeypatch.setattr(gemm, "_cuda_type", lambda dtype: 0)      # CUDA_R_32F
+    for name, (a, b) in _layouts().items():
+        for alpha in (1.0, 0.125):
+            p = gemm.plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)
+            while isinstance(p, tuple):
+                a, b = (np.ascontiguousarray(a), b) if p[1] == "a" else (a, np.ascontiguousarray(b))
+                p = gemm.plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)
+            if p is None:
+                continue
+            out = np.full(p.out_shape, np.nan, np.float32)
+            gemm._gemm(p, _Ptr(b), _Ptr(a), _Ptr(out), 0, 0, alpha)
+            np.testing.assert_allclose(out, alpha * (a @ b), rtol=1e-5, atol=1e-5, err_msg=name)
+    with pytest.raises(RuntimeError, match="cublasGemmEx failed during graph capture"):
+        p = gemm.plan((2, 3), (12, 4), (3, 2), (8, 4), 4)
+        gemm._gemm(p, _Ptr(np.ones((3, 2), np.float32)), _Ptr(np.ones((2, 3), np.float32)),
+                   _Ptr(np.empty((2, 2), np.float32)), 0, 2)    # a float16 result: refused
+
+
 def test_cublas_plan_random_layouts():
     g = np.random.default_rng(2)
     for _ in range(200):

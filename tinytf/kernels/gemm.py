@@ -18,6 +18,8 @@ against NumPy (tests/test_kernels.py) without a GPU.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import math
 import os
@@ -255,6 +257,88 @@ def _cuda_runtime():
     return backend.array_module("gpu").cuda.runtime
 
 
+# ----- cuBLAS's C API, for CUDA-graph capture --------------------------------------------
+
+_CUBLAS_COMPUTE_32F, _CUBLAS_COMPUTE_32F_FAST_TF32, _CUBLAS_GEMM_DEFAULT = 68, 77, -1
+_capture = None   # (_CublasC, handle) while a CUDA graph is captured (see :func:`capturing`)
+
+
+def loaded_library_path(stem: str) -> str | None:
+    """The path of the shared library ``stem`` (e.g. "libcublas.so") this process has loaded,
+    read from /proc/self/maps (Linux); None if it is not loaded."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rstrip("\n").split(maxsplit=5)[-1]
+                if os.path.basename(path).startswith(stem + ".") or path.endswith("/" + stem):
+                    return path
+    except OSError:
+        return None
+    return None
+
+
+class _CublasC:  # pragma: no cover - GPU only
+    """cuBLAS's C functions called through ctypes, on the library CuPy loaded.
+
+    CuPy's own cuBLAS wrappers refuse every call while a stream captures
+    (``cupy_backends.cuda.libs.cublas.setStream`` raises NotImplementedError), although
+    cuBLAS itself supports capture when it has a workspace of its own. These are the four
+    calls a captured step needs.
+    """
+
+    def __init__(self):
+        path = loaded_library_path("libcublas.so")
+        if path is None:
+            raise RuntimeError("kernels/gemm.py: libcublas is not loaded in this process")
+        lib = ctypes.CDLL(path)
+        vp, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+        self.gemm = lib.cublasGemmEx
+        self.gemm.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i]
+        self.gemm_batched = lib.cublasGemmStridedBatchedEx
+        self.gemm_batched.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp,
+                                      i, i, ll, i, i, i]
+        self.set_stream = lib.cublasSetStream_v2
+        self.set_stream.argtypes = [vp, vp]
+        self.set_workspace = lib.cublasSetWorkspace_v2
+        self.set_workspace.argtypes = [vp, vp, ctypes.c_size_t]
+        for fn in (self.gemm, self.gemm_batched, self.set_stream, self.set_workspace):
+            fn.restype = ctypes.c_int
+
+    @staticmethod
+    def check(status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"kernels/gemm.py: {what} failed during graph capture "
+                               f"(cublasStatus {status})")
+
+
+@functools.cache
+def _cublas_c() -> _CublasC:  # pragma: no cover - GPU only
+    return _CublasC()
+
+
+@contextlib.contextmanager
+def capturing(stream, workspace_bytes: int = 32 << 20):  # pragma: no cover - GPU only
+    """Inside the block, products go through cuBLAS's C API on ``stream`` (to be captured).
+
+    Sets the handle's stream and a workspace of its own (cuBLAS must not allocate while
+    a graph is captured); yields the workspace, which must live as long as the graph.
+    """
+    global _capture
+    cupy = backend.array_module("gpu")
+    from cupy_backends.cuda.libs import cublas  # noqa: PLC0415 (optional dependency)
+    c = _cublas_c()
+    handle = cupy.cuda.device.get_cublas_handle()
+    cublas.setPointerMode(handle, getattr(cublas, "CUBLAS_POINTER_MODE_HOST", 0))
+    workspace = cupy.empty(workspace_bytes, dtype=np.uint8)
+    c.check(c.set_stream(handle, stream.ptr), "cublasSetStream")
+    c.check(c.set_workspace(handle, workspace.data.ptr, workspace_bytes), "cublasSetWorkspace")
+    _capture = (c, handle)
+    try:
+        yield workspace
+    finally:
+        _capture = None
+
+
 def _gemm(p: Plan, first, second, out, ctype, out_ctype=None,
           alpha: float = 1.0) -> None:  # pragma: no cover - GPU only
     """One cuBLAS call: ``out`` (C type ``out_ctype``, default ``ctype``) = alpha * the
@@ -262,6 +346,25 @@ def _gemm(p: Plan, first, second, out, ctype, out_ctype=None,
     out_ctype = ctype if out_ctype is None else out_ctype
     # Host pointer mode: cuBLAS reads alpha during the call, so a local array will do.
     alpha_host = _ALPHA if alpha == 1.0 else np.array([alpha], dtype=np.float32)
+    f, s = p.first, p.second
+    if _capture is not None:
+        c, handle = _capture
+        compute = _CUBLAS_COMPUTE_32F_FAST_TF32 if (
+            ctype == _cuda_type(np.dtype(np.float32)) and _tf32) else _CUBLAS_COMPUTE_32F
+        if p.batch == 1:
+            status = c.gemm(handle, f.op, s.op, p.m, p.n, p.k, alpha_host.ctypes.data,
+                            first.data.ptr, ctype, f.ld, second.data.ptr, ctype, s.ld,
+                            _BETA.ctypes.data, out.data.ptr, out_ctype, p.m, compute,
+                            _CUBLAS_GEMM_DEFAULT)
+        else:
+            status = c.gemm_batched(
+                handle, f.op, s.op, p.m, p.n, p.k, alpha_host.ctypes.data,
+                first.data.ptr, ctype, f.ld, f.batch_stride,
+                second.data.ptr, ctype, s.ld, s.batch_stride,
+                _BETA.ctypes.data, out.data.ptr, out_ctype, p.m, p.m * p.n, p.batch, compute,
+                _CUBLAS_GEMM_DEFAULT)
+        c.check(status, "cublasGemmEx")
+        return
     cupy = backend.array_module("gpu")
     from cupy_backends.cuda.libs import cublas  # noqa: PLC0415 (optional dependency)
     handle = cupy.cuda.device.get_cublas_handle()
@@ -271,7 +374,6 @@ def _gemm(p: Plan, first, second, out, ctype, out_ctype=None,
     if ctype == _cuda_type(np.dtype(np.float32)) and _tf32:
         compute = getattr(cublas, "CUBLAS_COMPUTE_32F_FAST_TF32", 77)
     algo = getattr(cublas, "CUBLAS_GEMM_DEFAULT", -1)
-    f, s = p.first, p.second
     if p.batch == 1:
         cublas.gemmEx(handle, f.op, s.op, p.m, p.n, p.k, alpha_host.ctypes.data,
                       first.data.ptr, ctype, f.ld, second.data.ptr, ctype, s.ld,
