@@ -92,28 +92,39 @@ class Device:
         return self.xp.get_default_memory_pool().total_bytes() / 2 ** 30 if self.gpu else 0.0
 
 
-def _tinytf_step_fn(dev: Device, cfg, mode: str, batch):
-    """(step, model): one training step of a fresh model under precision ``mode``."""
+def _tinytf_model(dev: Device, cfg):
+    """(model, Adam): a fresh model from seed 0 on the device, in training mode."""
     import tinytf
-    from tinytf import amp, transformer
-    from tinytf import functional as F
+    from tinytf import transformer
     from tinytf.optim import Adam
 
     dev.free()  # what the previous run left in CuPy's pool
     tinytf.manual_seed(0)
     model = transformer.Transformer(cfg).to(dev.name).train()
-    opt = Adam(model.named_parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-    scaler = amp.DynamicLossScaler(enabled=amp.Policy(mode).loss_scaling)
+    return model, Adam(model.named_parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+
+def _summed_loss(model, cfg, batch):
+    """The batch's summed label-smoothed loss (the count of tokens stays on the device)."""
+    from tinytf import functional as F
     src, tgt_in, tgt_out = batch
-    ntok, v = int(tgt_out.size), cfg.vocab_size
+    logits = model(src, tgt_in)
+    return F.cross_entropy(logits.reshape(-1, cfg.vocab_size), tgt_out.reshape(-1),
+                           label_smoothing=cfg.label_smoothing, ignore_index=0, reduction="sum")
+
+
+def _tinytf_step_fn(dev: Device, cfg, mode: str, batch):
+    """(step, model): one training step of a fresh model under precision ``mode``."""
+    from tinytf import amp
+
+    model, opt = _tinytf_model(dev, cfg)
+    scaler = amp.DynamicLossScaler(enabled=amp.Policy(mode).loss_scaling)
+    ntok = int(batch[2].size)
 
     def step():
         # Backward inside the block too: TF32 is a switch, not a dtype carried by the graph.
         with amp.autocast(mode):
-            logits = model(src, tgt_in)
-            loss = F.cross_entropy(logits.reshape(-1, v), tgt_out.reshape(-1),
-                                   label_smoothing=cfg.label_smoothing, ignore_index=0,
-                                   reduction="sum")
+            loss = _summed_loss(model, cfg, batch)
             scaler.scale_loss(loss).backward()
             found_inf = scaler.unscale_(opt.params, extra_factor=1.0 / ntok)  # also / tokens
             if not found_inf:
@@ -231,27 +242,17 @@ def tinytf_graph_train(dev: Device, cfg, mode: str, batch, steps: int, warmup: i
     """
     import dataclasses
 
-    import tinytf
-    from tinytf import amp, transformer
-    from tinytf import functional as F
+    from tinytf import amp
     from tinytf.cuda_graph import CapturedStep
-    from tinytf.optim import Adam
 
-    src, tgt_in, tgt_out = batch
-    ntok, v = int(tgt_out.size), cfg.vocab_size
+    ntok = int(batch[2].size)
 
     def build(config):
-        dev.free()
-        tinytf.manual_seed(0)
-        model = transformer.Transformer(config).to(dev.name).train()
-        opt = Adam(model.named_parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+        model, opt = _tinytf_model(dev, config)
 
         def forward_backward():
             with amp.autocast(mode):
-                logits = model(src, tgt_in)
-                loss = F.cross_entropy(logits.reshape(-1, v), tgt_out.reshape(-1),
-                                       label_smoothing=config.label_smoothing, ignore_index=0,
-                                       reduction="sum")
+                loss = _summed_loss(model, config, batch)
                 loss.backward()
             return loss
         forward_backward()          # one ordinary step: Adam builds its flat buffers

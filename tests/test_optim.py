@@ -140,10 +140,18 @@ def _train_steps(model, opt, steps, seed=1, clip=None):
         opt.zero_grad()
 
 
-def test_flat_adam_equals_adam_one_parameter_at_a_time():
+def _flat_and_not(steps=0):
+    """Two equal models, one with the flat Adam and one without, trained ``steps`` alike."""
     a, b = _mlp(), _mlp()
     opt_a = optim.Adam(a.named_parameters(), lr=0.01)
     opt_b = optim.Adam(b.named_parameters(), lr=0.01, flat=False)
+    _train_steps(a, opt_a, steps)
+    _train_steps(b, opt_b, steps)
+    return a, opt_a, b, opt_b
+
+
+def test_flat_adam_equals_adam_one_parameter_at_a_time():
+    a, opt_a, b, opt_b = _flat_and_not()
     for clip in (None, 0.5):      # 0.5 clips: the flat buffer is scaled in one operation
         _train_steps(a, opt_a, 4, clip=clip)
         _train_steps(b, opt_b, 4, clip=clip)
@@ -183,11 +191,7 @@ def test_flat_adam_relinks_after_the_arrays_are_replaced():
     # load_state_dict gives the parameters new arrays and the optimizer new moments; a
     # gradient can also be replaced from outside. The flat optimizer must notice each
     # and continue exactly like the one-at-a-time optimizer.
-    a, b = _mlp(), _mlp()
-    opt_a = optim.Adam(a.named_parameters(), lr=0.01)
-    opt_b = optim.Adam(b.named_parameters(), lr=0.01, flat=False)
-    _train_steps(a, opt_a, 3)
-    _train_steps(b, opt_b, 3)
+    a, opt_a, b, opt_b = _flat_and_not(steps=3)
     c = _mlp(seed=5)                                 # a fresh model and optimizer, resumed
     opt_c = optim.Adam(c.named_parameters(), lr=0.01)
     _train_steps(c, opt_c, 1)                        # (built its own flat buffers first)
@@ -211,11 +215,7 @@ def test_flat_adam_relinks_after_the_arrays_are_replaced():
 def test_flat_adam_skips_parameters_without_a_gradient():
     # A parameter with no gradient must keep its value and its moments (PyTorch skips
     # it): the flat step, which updates every slot, is not used for such a step.
-    a, b = _mlp(), _mlp()
-    opt_a = optim.Adam(a.named_parameters(), lr=0.01)
-    opt_b = optim.Adam(b.named_parameters(), lr=0.01, flat=False)
-    _train_steps(a, opt_a, 2)
-    _train_steps(b, opt_b, 2)
+    a, opt_a, b, opt_b = _flat_and_not(steps=2)
     for model, opt in ((a, opt_a), (b, opt_b)):
         params = [p for _, p in opt.params]
         for p in params:
