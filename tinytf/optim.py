@@ -39,6 +39,9 @@ class FlatParameters:
     The links can be cut from outside (``load_state_dict`` and ``Module.to`` give a
     parameter a new array, an all-reduce a new gradient): :meth:`linked` and
     :meth:`grads_linked` check them by identity, and :class:`Adam` rebuilds or re-gathers.
+
+    A gradient is a view of the shared buffer: the next backward after ``zero_grad()``
+    overwrites it in place, so keep a copy (``p.grad.copy()``) to hold on to one.
     """
 
     def __init__(self, params, moments=()):
@@ -54,7 +57,7 @@ class FlatParameters:
         self.grad = xp.empty(total, dtype=np.float32)
         self.moments = [xp.zeros(total, dtype=np.float32) for _ in moments]
         self.data_views, self.grad_views, self.moment_views = [], [], []
-        for i, (p, (lo, hi)) in enumerate(zip(self.params, self.offsets)):
+        for p, (lo, hi) in zip(self.params, self.offsets):
             view = self.data[lo:hi].reshape(p.shape)
             view[...] = p.data
             p.data = view

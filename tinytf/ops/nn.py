@@ -162,6 +162,9 @@ class DropoutAdd(Function):
         self.mask = keep.astype(x.dtype)
         self.mask *= 1.0 / (1.0 - p)
         out = x * self.mask
+        if out.dtype == np.result_type(out, residual):
+            out += residual          # in place: no second array of the activations' size
+            return out
         return residual + out
 
     def backward(self, grad):
