@@ -6,9 +6,10 @@ The design is PyTorch's autocast + GradScaler, in tinytf's terms:
   with the parameter's dtype, are float32 too. Nothing about the optimizer changes.
 - **Under** ``autocast("bf16")`` **the matrix products run in 16 bits.** ``F.linear``
   passes the compute dtype to the ``Linear`` op (:func:`compute_dtype`), which casts its
-  float32 input, weight and bias itself (:func:`to_compute`) and forms the weight's and
-  bias's gradients as float32 sums straight from the 16-bit operands: no cast nodes in the
-  graph, every ``param.grad`` float32, and Adam updates float32 weights. ``attention`` and
+  float32 input and weight itself (:func:`to_compute`), adds the float32 bias to its
+  16-bit output, and forms the weight's and bias's gradients as float32 sums straight
+  from the 16-bit operands: no cast nodes in the graph, every ``param.grad`` float32, and
+  Adam updates float32 weights. ``attention`` and
   ``matmul`` call :func:`cast_inputs`, which casts float32 inputs through :class:`CastTo`,
   a differentiable cast whose backward turns the 16-bit gradient back into float32. On
   the GPU the products run on tensor cores with float32 accumulation (``kernels.matmul``).
