@@ -220,6 +220,13 @@ def test_masked_softmax_matches_attention_masking(on_cpu, mask_shape):
     np.testing.assert_allclose(y, ref, rtol=2e-6, atol=1e-7)
     assert (y[~np.broadcast_to(mask, x.shape) & np.broadcast_to(mask.any(-1, keepdims=True),
                                                                  x.shape)] == 0).all()
+    # Backward with the same mask: the NumPy op's y * (g - sum(g y)), then times the mask
+    # (a fully masked row's uniform weights send no gradient back).
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    dx = kernels.softmax_backward(y, g, mask=mask)
+    ref_dx = y * (g - (g * y).sum(-1, keepdims=True)) * np.broadcast_to(mask, x.shape)
+    np.testing.assert_allclose(dx, ref_dx, rtol=2e-5, atol=1e-6)
+    assert (dx[:, :, 0] == 0).all() if mask.ndim == 4 else (dx[..., 0, :] == 0).all()
 
 
 @needs_cxx

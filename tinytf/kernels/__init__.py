@@ -120,22 +120,33 @@ def softmax_forward(x, axis: int = -1, mask=None, log: bool = False):
     y = xp.empty_like(xc)
     if x.size == 0:
         return y
-    addr, mh, mq, strides = 0, 1, 1, (0, 0, 0, 0)
-    if mask is not None:
-        m = _mask_view(xp, mask, x.shape)
-        addr, mh, mq = _runtime.address(m), m.shape[1], m.shape[2]
-        strides = tuple(s if k > 1 else 0 for s, k in zip(m.strides, m.shape))
+    m, mask_args = _mask_args(xp, mask, x.shape)
     grid, block = _rows_grid(rows)
     _runtime.launch("softmax_fwd", [_runtime.storage(x.dtype)], grid, block,
-                    (xc, y, rows, n, addr, mh, mq, *strides, int(log)))
+                    (xc, y, rows, n, *mask_args, int(log)))
     return y
 
 
-def softmax_backward(y, grad, axis: int = -1, log: bool = False):
-    """dL/dx from the saved output y: y * (g - sum(g * y)); log: g - exp(y) * sum(g)."""
+def _mask_args(xp, mask, shape):
+    """(view, (address, mH, mQ, sb, sh, sq, sk)): how a row kernel reads ``mask`` (or
+    nothing when it is None) against rows of ``shape``; keep the view alive while it runs."""
+    if mask is None:
+        return None, (0, 1, 1, 0, 0, 0, 0)
+    m = _mask_view(xp, mask, shape)
+    strides = tuple(s if k > 1 else 0 for s, k in zip(m.strides, m.shape))
+    return m, (_runtime.address(m), m.shape[1], m.shape[2], *strides)
+
+
+def softmax_backward(y, grad, axis: int = -1, log: bool = False, mask=None):
+    """dL/dx from the saved output y: y * (g - sum(g * y)); log: g - exp(y) * sum(g).
+
+    ``mask`` (last axis only): the forward's mask; masked elements get gradient 0.
+    """
     xp = backend.get_array_module(y)
     axis = axis % y.ndim
     if axis != y.ndim - 1:
+        if mask is not None:
+            raise ValueError("kernels: a masked softmax runs over the last axis only")
         gx = softmax_backward(xp.moveaxis(y, axis, -1), xp.moveaxis(grad, axis, -1), -1, log)
         return xp.moveaxis(gx, -1, axis)
     _runtime.count("softmax_backward")
@@ -145,9 +156,10 @@ def softmax_backward(y, grad, axis: int = -1, log: bool = False):
     n = y.shape[-1]
     rows = y.size // max(n, 1)
     if y.size:
+        m, mask_args = _mask_args(xp, mask, y.shape)
         grid, block = _rows_grid(rows)
         _runtime.launch("softmax_bwd", [_runtime.storage(y.dtype)], grid, block,
-                        (yc, gc, dx, rows, n, int(log)))
+                        (yc, gc, dx, rows, n, *mask_args, int(log)))
     return dx
 
 

@@ -161,20 +161,31 @@ __global__ void softmax_fwd(const T* __restrict__ x, T* __restrict__ y, long lon
 // log-softmax: dx = g - exp(y) * sum(g)
 template <typename T>
 __global__ void softmax_bwd(const T* __restrict__ y, const T* __restrict__ g, T* __restrict__ dx,
-                            long long rows, int n, int log_out) {
+                            long long rows, int n, unsigned long long mask_addr, long long mH,
+                            long long mQ, long long sb, long long sh, long long sq, long long sk,
+                            int log_out) {
     long long row = warp_row();
     int lane = threadIdx.x & 31;
     if (row >= rows) return;
     const T* yr = y + row * n;
     const T* gr = g + row * n;
     T* dr = dx + row * n;
+    // The forward's mask (optional): masked scores were constants, so their gradient is 0
+    // (it matters in a fully masked row, whose weights are uniform, not 0).
+    const unsigned char* mask = (const unsigned char*)mask_addr;
+    const unsigned char* mr = 0;
+    if (mask) {
+        long long b = row / (mH * mQ), h = (row / mQ) % mH, q = row % mQ;
+        mr = mask + b * sb + h * sh + q * sq;
+    }
     float s = 0.0f;
     for (int k = lane; k < n; k += 32)
         s += log_out ? to_f32(gr[k]) : to_f32(gr[k]) * to_f32(yr[k]);
     s = warp_sum(s);
     for (int k = lane; k < n; k += 32) {
         float yk = to_f32(yr[k]), gk = to_f32(gr[k]);
-        dr[k] = from_f32<T>(log_out ? gk - expf(yk) * s : yk * (gk - s));
+        float d = log_out ? gk - expf(yk) * s : yk * (gk - s);
+        dr[k] = from_f32<T>(mr && !mr[k * sk] ? 0.0f : d);
     }
 }
 

@@ -349,14 +349,16 @@ class Attention(Function):
         dp = kernels.matmul(grad, v.swapaxes(-1, -2))
         if self.drop_mask is not None:
             dp *= self.drop_mask
+        # Masked scores are constants: a fully masked row's uniform weights must not send
+        # gradient to q or k (the fused kernel zeroes them as it writes).
         if kernels.fused(weights):
-            ds = kernels.softmax_backward(weights, dp)
+            ds = kernels.softmax_backward(weights, dp, mask=self.mask)
         else:
             ds = dp
             ds -= (dp * weights).sum(axis=-1, keepdims=True)
             ds *= weights
-        if self.mask is not None:  # masked scores are constants: a fully masked row's
-            ds *= self.mask        # uniform weights must not send gradient to q or k
+            if self.mask is not None:
+                ds *= self.mask
         gq = kernels.matmul(ds, k, alpha=scale) if need_q else None
         gk = kernels.matmul(ds.swapaxes(-1, -2), q, alpha=scale) if need_k else None
         return gq, gk, gv
