@@ -78,14 +78,17 @@ def test_every_instantiation_has_a_parsed_signature():
 
 def test_launch_arguments_are_checked():
     x = np.zeros((4, 8), dtype=np.float32)
+    no_mask = (0, 1, 1, 0, 0, 0, 0)
     with pytest.raises(TypeError, match="needs float, got an array of float64"):
-        _runtime.convert_args("softmax_bwd", ["float"], (x.astype(np.float64), x, x, 4, 8, 0))
+        _runtime.convert_args("softmax_bwd", ["float"],
+                              (x.astype(np.float64), x, x, 4, 8, *no_mask, 0))
     with pytest.raises(ValueError, match="C-contiguous"):
-        _runtime.convert_args("softmax_bwd", ["float"], (x.T, x, x, 4, 8, 0))
-    with pytest.raises(TypeError, match="takes 6 arguments"):
+        _runtime.convert_args("softmax_bwd", ["float"], (x.T, x, x, 4, 8, *no_mask, 0))
+    with pytest.raises(TypeError, match="takes 13 arguments"):
         _runtime.convert_args("softmax_bwd", ["float"], (x, x))
-    args = _runtime.convert_args("softmax_bwd", ["float"], (x, x, x, 4, 8, 0))
-    assert [type(a) for a in args[3:]] == [np.int64, np.int32, np.int32]
+    args = _runtime.convert_args("softmax_bwd", ["float"], (x, x, x, 4, 8, *no_mask, 0))
+    assert [type(a) for a in args[3:6]] == [np.int64, np.int32, np.uint64]
+    assert type(args[-1]) is np.int32
 
 
 # ----- NVRTC: the source compiles for Hopper --------------------------------------------
