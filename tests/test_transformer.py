@@ -156,6 +156,33 @@ def test_shapes_and_float32(pre_norm):
         assert p.grad.shape == p.shape, name
 
 
+def test_a_training_step_builds_the_expected_autograd_nodes():
+    # Every node costs host time on a GPU (docs/gpu.md), so the count is part of the design.
+    # Per encoder layer 12: qkv Linear, SplitHeads, Attention, MergeHeads, out Linear,
+    # DropoutAdd, LayerNorm, then w_1 Linear, ReLU, w_2 Linear, DropoutAdd, LayerNorm. Per
+    # decoder layer those 12 plus 9 for the cross-attention (q Linear, SplitHeads, kv Linear,
+    # SplitHeads, Attention, MergeHeads, out Linear, DropoutAdd, LayerNorm). Plus 11: two
+    # embeddings with their scaling, position adds and dropouts, the output projection,
+    # the logits' reshape and the loss.
+    from collections import Counter
+    from tinytf.tensor import _topological_order
+    model = make_model(dropout=0.1).train()
+    src, tgt = random_batch(np.random.default_rng(0), 2, 5, 6, 13)
+    loss, _ = label_smoothed_loss(model(src, tgt), tgt)
+    nodes = {id(t._ctx): type(t._ctx).__name__ for t in _topological_order(loss)
+             if t._ctx is not None}
+    counts = Counter(nodes.values())
+    n_enc, n_dec = 2, 2
+    assert counts["Linear"] == 4 * n_enc + 7 * n_dec + 1             # + the output projection
+    assert counts["SplitHeads"] == n_enc + 3 * n_dec                  # qkv; qkv, q, kv
+    assert counts["MergeHeads"] == counts["Attention"] == n_enc + 2 * n_dec
+    assert counts["DropoutAdd"] == counts["LayerNorm"] == 2 * n_enc + 3 * n_dec
+    assert counts["ReLU"] == n_enc + n_dec
+    assert "CastTo" not in counts and "Transpose" not in counts and "Reshape" in counts
+    per_layer = 12 * n_enc + 21 * n_dec
+    assert sum(counts.values()) == per_layer + 11, counts
+
+
 def test_masks():
     m = padding_mask(np.array([[5, 6, 0], [7, 0, 0]]))
     assert m.shape == (2, 1, 1, 3) and m.dtype == bool
