@@ -326,8 +326,8 @@ def capturing(stream, workspace_bytes: int = 32 << 20):  # pragma: no cover - GP
     global _capture
     cupy = backend.array_module("gpu")
     from cupy_backends.cuda.libs import cublas  # noqa: PLC0415 (optional dependency)
+    handle = cupy.cuda.device.get_cublas_handle()   # (loads libcublas if nothing has yet)
     c = _cublas_c()
-    handle = cupy.cuda.device.get_cublas_handle()
     cublas.setPointerMode(handle, getattr(cublas, "CUBLAS_POINTER_MODE_HOST", 0))
     workspace = cupy.empty(workspace_bytes, dtype=np.uint8)
     c.check(c.set_stream(handle, stream.ptr), "cublasSetStream")
