@@ -48,6 +48,7 @@ class FlatParameters:
         """Pack ``params`` (Tensors, one device, float32) and optional ``moments``: lists
         (one per moment) of arrays or None, per parameter, copied into flat buffers too."""
         xp = backend.get_array_module(params[0].data)
+        device = backend.device_of(params[0].data)
         self.params = list(params)
         self.offsets, total = [], 0
         for p in self.params:
@@ -72,8 +73,8 @@ class FlatParameters:
             views = []
             for p, (lo, hi), value in zip(self.params, self.offsets, values):
                 view = flat[lo:hi].reshape(p.shape)
-                if value is not None:
-                    view[...] = value
+                if value is not None:   # (a moment left on another device by Module.to)
+                    view[...] = backend.to_device(value, device)
                 views.append(view)
             self.moment_views.append(views)
 
@@ -223,6 +224,8 @@ class Adam:
         moments = ([self.exp_avg[n] for n in names], [self.exp_avg_sq[n] for n in names])
         flat = self._flat
         if flat is None or not flat.linked(tensors, moments):
+            if not FlatParameters.supported(tensors):   # e.g. moved to two devices
+                return None
             for p in tensors:    # an old buffer's views must not catch new gradients
                 p._grad_buffer = None
             flat = self._flat = FlatParameters(tensors, moments)
