@@ -240,3 +240,16 @@ def test_captured_steps_draw_new_dropout_masks_and_train():
         opt.zero_grad()
     assert len(set(losses[:3])) == 3           # new masks (and new weights) every replay
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
+
+
+def test_pinned_staging_copies_batches_exactly():
+    # Two pinned buffers for twelve arrays: every reuse waits for the copy before it.
+    staging = backend.PinnedStaging(slots=2)
+    g = np.random.default_rng(3)
+    arrays = [g.integers(0, 8000, (int(g.integers(1, 300)), int(g.integers(1, 60))))
+              for _ in range(12)] + [np.zeros((0, 5), np.int64), np.arange(7, dtype=np.float32)]
+    outs = [staging.to_gpu(a) for a in arrays]
+    for a, out in zip(arrays, outs):
+        assert out.dtype == a.dtype and out.shape == a.shape
+        np.testing.assert_array_equal(cp.asnumpy(out), a)
+    assert isinstance(backend.to_device_pinned(arrays[0], "cpu"), np.ndarray)

@@ -99,6 +99,49 @@ def to_device(array, device: str):
     return array.get()
 
 
+class PinnedStaging:
+    """Host-to-GPU copies of small arrays (batches of token ids) through pinned memory.
+
+    ``cupy.asarray`` on a NumPy array copies from pageable memory, which the driver may
+    stage synchronously, waiting for the GPU's queue; from page-locked (pinned) memory the
+    copy is a true asynchronous transfer on the current stream. A ring of ``slots`` pinned
+    buffers, each reused only after the event recorded behind its last copy has passed
+    (normally long since), so a buffer is never overwritten while the GPU still reads it.
+    """
+
+    def __init__(self, slots: int = 8):
+        self.buffers, self.events, self.next = [None] * slots, [None] * slots, 0
+
+    def to_gpu(self, array):  # pragma: no cover - GPU only
+        """A CuPy copy of NumPy ``array``, enqueued on the current stream."""
+        cupy = _import_cupy()
+        import cupyx  # noqa: PLC0415
+        a = np.ascontiguousarray(array)
+        k, self.next = self.next, (self.next + 1) % len(self.buffers)
+        if self.events[k] is not None:
+            self.events[k].synchronize()
+        if self.buffers[k] is None or self.buffers[k].nbytes < a.nbytes:
+            self.buffers[k] = cupyx.empty_pinned(max(a.nbytes, 1 << 16), dtype=np.uint8)
+        host = self.buffers[k][:a.nbytes].view(a.dtype).reshape(a.shape)
+        host[...] = a
+        out = cupy.empty(a.shape, dtype=a.dtype)
+        stream = cupy.cuda.get_current_stream()
+        out.set(host, stream=stream)
+        self.events[k] = stream.record()
+        return out
+
+
+_staging = PinnedStaging()
+
+
+def to_device_pinned(array, device: str):
+    """:func:`to_device`, through :class:`PinnedStaging` for NumPy arrays going to the GPU
+    (batches; not parameters: the staging buffers grow to the largest array copied)."""
+    if device == "gpu" and isinstance(array, np.ndarray):
+        return _staging.to_gpu(array)
+    return to_device(array, device)
+
+
 def to_numpy(array) -> np.ndarray:
     """A NumPy array with the values of ``array`` (copied from the GPU if needed)."""
     return array if isinstance(array, np.ndarray) else (

@@ -551,11 +551,12 @@ class Trainer:
         loss_sum, tokens = None, 0
         with amp.autocast(self.policy):
             for batch in batches:
-                src = backend.to_device(batch.src, self.device)
-                tgt_in = backend.to_device(batch.tgt_in, self.device)
+                # All three arrays go to the device first, through pinned memory on a GPU
+                # (asynchronous copies); the token count is the batch's, from the host.
+                src, tgt_in, tgt_out = (backend.to_device_pinned(a, self.device)
+                                        for a in (batch.src, batch.tgt_in, batch.tgt_out))
                 logits = self.model(src, tgt_in)
-                # Host targets: the token count costs no device round trip.
-                loss, n = label_smoothed_loss(logits, batch.tgt_out,
+                loss, n = label_smoothed_loss(logits, tgt_out, count=batch.n_tgt_tokens,
                                               eps=self.model_cfg.label_smoothing)
                 self.scaler.scale_loss(loss).backward()
                 loss_sum = loss.data if loss_sum is None else loss_sum + loss.data

@@ -503,17 +503,19 @@ class Transformer(nn.Module):
 
 
 def label_smoothed_loss(logits: Tensor, target, eps: float = 0.1,
-                        pad_id: int = PAD_ID) -> tuple[Tensor, int]:
+                        pad_id: int = PAD_ID, count: int | None = None) -> tuple[Tensor, int]:
     """Summed label-smoothed cross-entropy over non-pad targets, and their count.
 
     loss = sum_t [(1 - eps) * -log p(y_t) + eps * mean_v -log p(v)] (section 5.4, PyTorch's
     convention); divide by the (global) token count to get the per-token loss.
     The count is taken where ``target`` lives: NumPy ids (the trainer's host batches) cost a
-    GPU model no round trip.
+    GPU model no round trip. A caller that knows it passes ``count`` (the trainer: device
+    targets copied ahead, and the batch's host count), and nothing is read back.
     """
     given = target.data if isinstance(target, Tensor) else target
     ids = _ids(target, backend.device_of(given))
-    count = int((ids != pad_id).sum())
+    if count is None:
+        count = int((ids != pad_id).sum())
     v = logits.shape[-1]
     loss = F.cross_entropy(logits.reshape(-1, v),
                            backend.to_device(ids, logits.device).reshape(-1),
