@@ -835,7 +835,8 @@ def test_gpu_dropout_add_of_a_16_bit_sublayer(kind):
     u = rng.random(x.shape, dtype=np.float32)
     out, mask = kernels.dropout_forward(to_gpu(x, kind), 0.1, cp.asarray(res), uniform=cp.asarray(u))
     assert out.dtype == np.float32
-    ref = rounded(x * ((u >= 0.1) / np.float32(0.9)).astype(np.float32), kind) + res
+    ref_mask = rounded((u >= 0.1).astype(np.float32) * np.float32(1 / 0.9), kind)  # in x's dtype
+    ref = rounded(x * ref_mask, kind) + res
     np.testing.assert_allclose(cp.asnumpy(out), ref, rtol=1e-6, atol=1e-6)
     t = Tensor(to_gpu(x, kind), requires_grad=True)
     r = Tensor(cp.asarray(res), requires_grad=True)

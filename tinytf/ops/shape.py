@@ -2,6 +2,8 @@
 selecting."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..backend import get_array_module, scatter_add
 from ..tensor import Function, Tensor
 from .elementwise import sum_to
@@ -95,7 +97,8 @@ class SplitHeads(Function):
     """(B, T, n*h*d_k), ``n`` projections side by side -> ``n`` views (B, h, T, d_k).
 
     Multi-head attention's head split of a fused projection (q|k|v, or k|v, or one q) as
-    one node, where reshape + split + one transpose per part would be n + 2. Backward
+    one node, where reshape + split + one transpose per part would be n + 2 (on the GPU the
+    parts are contiguous copies, see ``forward``). Backward
     writes the parts' gradients, transposed back, into one (B, T, n*h*d_k) array (zeros
     for a part that got none).
     """
@@ -109,6 +112,14 @@ class SplitHeads(Function):
         self.parts, self.n_heads = parts, n_heads
         split = x.reshape(b, t, parts, n_heads, width // (parts * n_heads))
         views = tuple(split[:, :, i].transpose(0, 2, 1, 3) for i in range(parts))
+        if get_array_module(x) is not np:
+            # On the GPU each part is copied once, heads first: cuBLAS's strided-batched
+            # product needs one stride per batch axis, which a head view of a fused
+            # projection lacks, so otherwise every product would copy its operand again
+            # (three times forward, three times backward; at every step of decoding for
+            # the encoder-decoder keys and values). NumPy's matmul reads the views as
+            # they are.
+            views = tuple(get_array_module(x).ascontiguousarray(v) for v in views)
         return views if parts > 1 else views[0]
 
     def backward(self, grads):
