@@ -118,8 +118,8 @@ def test_autocast_bf16_emulation_rounds_inputs_and_grads():
 
 def test_autocast_linear_casts_inside_the_op():
     # Under autocast, F.linear adds one Linear node and no cast nodes: the op rounds x and
-    # W itself and adds the float32 bias; dx is rounded (a bf16 array on a GPU), dW and db are float32 sums of
-    # the rounded operands (cuBLAS's float32 result), not rounded again.
+    # W itself and adds the float32 bias; dx (x is float32), dW and db are float32 sums of
+    # the rounded operands (cuBLAS's float32 result type), not rounded again.
     x = Tensor(rng.standard_normal((5, 8)).astype(np.float32), requires_grad=True)
     w = tinytf.nn.Parameter(rng.standard_normal((7, 8)))
     b = tinytf.nn.Parameter(rng.standard_normal(7))
@@ -130,7 +130,7 @@ def test_autocast_linear_casts_inside_the_op():
     np.testing.assert_allclose(y.data, xr @ wr.T + b.data, rtol=1e-6, atol=1e-6)  # float32 bias
     g = rng.standard_normal(y.shape).astype(np.float32)
     y.backward(g)
-    np.testing.assert_array_equal(x.grad, amp.round_to_bf16(g @ wr))
+    np.testing.assert_allclose(x.grad, g @ wr, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(w.grad, g.T @ xr, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(b.grad, g.sum(0), rtol=1e-6, atol=1e-6)
     assert x.grad.dtype == w.grad.dtype == b.grad.dtype == np.float32
@@ -149,6 +149,8 @@ def test_autocast_fp16_linear_weight_grad_is_a_float32_sum():
     want = g.astype(np.float64).T @ x.data.astype(np.float16).astype(np.float64)
     assert w.grad.dtype == np.float32 and x.grad.dtype == np.float32
     np.testing.assert_allclose(w.grad, want, rtol=1e-5, atol=1e-4)
+    want_x = g.astype(np.float64) @ w.data.astype(np.float16).astype(np.float64)
+    np.testing.assert_allclose(x.grad, want_x, rtol=1e-5, atol=1e-4)   # float32 too
     assert np.abs(want.astype(np.float16) - want).max() > 1e-3   # float16 would have lost it
 
 

@@ -47,10 +47,11 @@ class Linear(Function):
 
     ``compute_dtype`` (mixed precision, set by ``F.linear`` under ``amp.autocast``): the op
     casts its float32 operands to it (``amp.to_compute``) and computes in it, so the graph
-    needs no cast nodes. The output has the compute dtype; dx too (the engine converts it
-    to x's dtype); dW and db are float32 sums of the 16-bit operands, written as float32
-    (cuBLAS's float32 result type), with no 16-bit rounding and no cast. The float32 bias
-    is added to the output as it is (the sum rounded once, to the output's dtype).
+    needs no cast nodes. The output has the compute dtype. The gradients are written in
+    their inputs' dtypes straight from the float32 accumulators (cuBLAS's result type):
+    dW, db and a float32 x's dx as float32, with no 16-bit rounding and no cast. The
+    float32 bias is added to the output as it is (the sum rounded once, to the output's
+    dtype).
     """
 
     def forward(self, x, weight, bias=None, compute_dtype=None):
@@ -71,20 +72,21 @@ class Linear(Function):
         x2, weight = self.saved
         g2 = grad.reshape(-1, weight.shape[0])
         w_dtype, b_dtype = self.param_dtypes
+        mixed = self.compute_dtype is not None
         gx = gw = gb = None
         if self.needs_input_grad[0]:
-            gx = matmul(g2, weight).reshape(self.in_shape)
-            if self.compute_dtype == amp.EMULATED_BF16:
-                gx = amp.round_to_bf16(gx)   # on a GPU dx would be a bf16 array
+            # In x's own dtype straight from the product (float32 for a float32 x: no cast).
+            x_dtype = self.inputs[0].dtype if mixed else None
+            gx = matmul(g2, weight, out_dtype=x_dtype).reshape(self.in_shape)
         if self.needs_input_grad[1]:
-            gw = matmul(g2.T, x2, out_dtype=w_dtype if self.compute_dtype is not None else None)
+            gw = matmul(g2.T, x2, out_dtype=w_dtype if mixed else None)
         if len(self.inputs) == 2:
             return gx, gw
         if self.needs_input_grad[2]:
             if kernels.fused(g2):
                 gb = kernels.bias_grad(g2, out_dtype=b_dtype)
             else:
-                gb = g2.sum(axis=0, dtype=b_dtype if self.compute_dtype is not None else None)
+                gb = g2.sum(axis=0, dtype=b_dtype if mixed else None)
         return gx, gw, gb
 
 
