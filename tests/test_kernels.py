@@ -316,6 +316,20 @@ def test_dropout_draws_its_own_random_numbers(on_cpu):
 
 @needs_cxx
 @pytest.mark.parametrize("kind", STORAGES)
+def test_dropout_backward_of_a_float32_gradient(on_cpu, kind):
+    # The residual stream's float32 gradient times x's 16-bit mask, stored in x's dtype:
+    # what NumPy's grad * mask and the engine's cast to x's dtype give, in one launch.
+    g = rng.standard_normal((6, 50)).astype(np.float32)
+    mask = rounded((rng.random((6, 50)) >= 0.3) * np.float32(1 / 0.7), kind)
+    dx = kernels.dropout_backward(g, to_storage(mask, kind))
+    assert dx.dtype == to_storage(mask, kind).dtype
+    np.testing.assert_array_equal(to_f32(dx, kind), rounded(g * mask, kind))
+    same = kernels.dropout_backward(to_storage(g, kind), to_storage(mask, kind))
+    np.testing.assert_array_equal(to_f32(same, kind), rounded(rounded(g, kind) * mask, kind))
+
+
+@needs_cxx
+@pytest.mark.parametrize("kind", STORAGES)
 def test_add_bias_matches_numpy(on_cpu, kind):
     # y += b (float32) in place: NumPy's sum in float32, stored rounded to y's dtype.
     y = rounded(rng.standard_normal((6, 37)), kind)

@@ -30,9 +30,9 @@ from .gemm import matmul, set_tf32, tf32_enabled
 from .sources import ELEMENTWISE_THREADS, ROWS_PER_BLOCK
 
 __all__ = ["fused", "set_enabled", "softmax_forward", "softmax_backward", "layer_norm_forward",
-           "layer_norm_backward", "dropout_forward", "cross_entropy_forward", "relu_forward",
-           "relu_backward", "add_bias_", "bias_grad", "unscale_", "adam_step", "matmul", "set_tf32",
-           "tf32_enabled", "calls"]
+           "layer_norm_backward", "dropout_forward", "dropout_backward", "cross_entropy_forward",
+           "relu_forward", "relu_backward", "add_bias_", "bias_grad", "unscale_", "adam_step",
+           "matmul", "set_tf32", "tf32_enabled", "calls"]
 
 _enabled = os.environ.get("TINYTF_FUSED", "1") != "0"
 
@@ -293,6 +293,20 @@ def dropout_forward(x, p: float, residual=None, uniform=None):
                         (xc, _runtime.address(u), stream.seed, offset, _runtime.address(res),
                          out, mask, x.size, p, 1.0 / (1.0 - p)))
     return out, mask
+
+
+def dropout_backward(grad, mask):
+    """grad * mask in the mask's dtype (x's): one launch where NumPy's product of a float32
+    gradient and a 16-bit mask, then the cast to x's dtype, take two."""
+    _runtime.count("dropout_backward")
+    xp = backend.get_array_module(mask)
+    g = xp.ascontiguousarray(grad)
+    dx = xp.empty(mask.shape, dtype=mask.dtype)
+    if mask.size:
+        grid, block = _flat_grid(mask.size)
+        _runtime.launch("dropout_bwd", [_runtime.storage(g.dtype), _runtime.storage(mask.dtype)],
+                        grid, block, (g, xp.ascontiguousarray(mask), dx, mask.size))
+    return dx
 
 
 # ----- label-smoothed cross-entropy ------------------------------------------------------

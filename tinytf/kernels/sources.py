@@ -326,6 +326,17 @@ __global__ void dropout_fwd(const T* __restrict__ x, unsigned long long u_addr,
     }
 }
 
+// Dropout's backward: dx = g * mask, stored in the mask's (= x's) dtype TM: a float32
+// gradient from the residual stream and a bf16 mask give the bf16 dx NumPy's g * mask
+// followed by the cast to x's dtype would, in one launch.
+template <typename TG, typename TM>
+__global__ void dropout_bwd(const TG* __restrict__ g, const TM* __restrict__ mask,
+                            TM* __restrict__ dx, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        dx[i] = from_f32<TM>(to_f32(g[i]) * to_f32(mask[i]));
+}
+
 // ---------------------------------------------------------------------------------
 // Label-smoothed cross-entropy, one warp per row of logits (N, V):
 // loss = -(1 - eps) * logp[t] - (eps / V) * sum_j logp[j]   (0 for an ignored row)
@@ -463,6 +474,7 @@ INSTANTIATIONS = (
     + [f"column_sums<{t}>" for t in STORAGE]
     + [f"column_sums_finish<{t}>" for t in STORAGE]
     + [f"dropout_fwd<{t}, {tr}>" for t in STORAGE for tr in STORAGE]
+    + [f"dropout_bwd<{tg}, {tm}>" for tg in STORAGE for tm in STORAGE]
     + [f"xent_fwd<{t}>" for t in STORAGE]
     + [f"bias_relu_fwd<{t}>" for t in STORAGE]
     + [f"add_bias<{t}>" for t in STORAGE]

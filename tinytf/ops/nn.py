@@ -138,6 +138,8 @@ class Dropout(Function):
         return x * self.mask
 
     def backward(self, grad):
+        if kernels.fused(grad, self.mask):
+            return kernels.dropout_backward(grad, self.mask)
         return grad * self.mask
 
 
@@ -168,7 +170,10 @@ class DropoutAdd(Function):
         return residual + out
 
     def backward(self, grad):
-        gx = grad * self.mask if self.needs_input_grad[0] else None
+        gx = None
+        if self.needs_input_grad[0]:
+            gx = kernels.dropout_backward(grad, self.mask) if kernels.fused(grad, self.mask) \
+                else grad * self.mask
         return gx, grad
 
 
