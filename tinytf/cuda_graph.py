@@ -73,8 +73,13 @@ class CapturedStep:  # pragma: no cover - needs a GPU
                 self.stream.begin_capture()
                 try:
                     self.result = fn()
-                finally:
-                    self.graph = self.stream.end_capture()
+                except BaseException:
+                    try:               # end the broken capture, but report what broke it
+                        self.stream.end_capture()
+                    except Exception:  # noqa: BLE001 - the first error is the one to see
+                        pass
+                    raise
+                self.graph = self.stream.end_capture()
         self.grads = [p.grad for p in self.params]
         outer.wait_event(self.stream.record())
 
