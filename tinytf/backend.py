@@ -117,6 +117,8 @@ class PinnedStaging:
         cupy = _import_cupy()
         import cupyx  # noqa: PLC0415
         a = np.ascontiguousarray(array)
+        if a.size == 0:
+            return cupy.empty(a.shape, dtype=a.dtype)
         k, self.next = self.next, (self.next + 1) % len(self.buffers)
         if self.events[k] is not None:
             self.events[k].synchronize()
