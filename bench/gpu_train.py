@@ -500,27 +500,6 @@ def main(argv=None) -> int:
                   f"{r['host']['total_s'] * 1e3:.1f} ms host -> {args.op_profile}", flush=True)
         except Exception as e:
             print(f"op profile: FAILED {type(e).__name__}: {e}", flush=True)
-    for mode in [m for m in args.graph.split(",") if m] if dev.gpu else []:
-        peak = args.peak or PEAK_TFLOPS[mode]
-        row = report["train"].setdefault(mode, {})
-        try:
-            r = tinytf_graph_train(dev, cfg, mode, batch, args.steps, args.warmup)
-            r.update(summarise(r["times"], flops, ntok, peak))
-            print(f"train {mode:7s} graph : {r['step_s'] * 1e3:8.1f} ms/step  "
-                  f"{r['tokens_per_s']:10.0f} tok/s  {r['tflops']:6.1f} TFLOP/s  "
-                  f"MFU {100 * r['mfu']:5.1f}%  loss {r['loss']:.3f}", flush=True)
-            print(f"    replayed gradients vs the ordinary step's (dropout off): relative "
-                  f"difference {r['grad_rel_diff']:.2e}; host time {r['host_s'] * 1e3:.1f} "
-                  f"ms/step; pools {r['pool_gib']:.1f} GiB", flush=True)
-            if "step_s" in row.get("torch", {}):
-                r["vs_torch"] = row["torch"]["step_s"] / r["step_s"]
-                print(f"    tinytf graph speed / torch speed = {r['vs_torch']:.2f}", flush=True)
-        except Exception as e:
-            import traceback
-            r = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
-            print(f"train {mode:7s} graph : FAILED {r['error']}\n{r['traceback']}", flush=True)
-        row["tinytf_graph"] = r
-
     n, new = args.decode_sentences, args.decode_new
     for label, fn in () if args.skip_decode else (
             ("tinytf beam4 float32", lambda: tinytf_decode(dev, cfg, n, args.length, new, 4,
@@ -542,10 +521,39 @@ def main(argv=None) -> int:
             print(f"decode {label:36s}: FAILED {r['error']}", flush=True)
         report["decode"][label] = r
 
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1, default=float)
+    # The graph rows come last, after the figures so far are saved: a capture that hangs
+    # must not cost the rest of the report.
+    write_report(report, args.json)
+    for mode in [m for m in args.graph.split(",") if m] if dev.gpu else []:
+        peak = args.peak or PEAK_TFLOPS[mode]
+        row = report["train"].setdefault(mode, {})
+        try:
+            r = tinytf_graph_train(dev, cfg, mode, batch, args.steps, args.warmup)
+            r.update(summarise(r["times"], flops, ntok, peak))
+            print(f"train {mode:7s} graph : {r['step_s'] * 1e3:8.1f} ms/step  "
+                  f"{r['tokens_per_s']:10.0f} tok/s  {r['tflops']:6.1f} TFLOP/s  "
+                  f"MFU {100 * r['mfu']:5.1f}%  loss {r['loss']:.3f}", flush=True)
+            print(f"    replayed gradients vs the ordinary step's (dropout off): relative "
+                  f"difference {r['grad_rel_diff']:.2e}; host time {r['host_s'] * 1e3:.1f} "
+                  f"ms/step; pools {r['pool_gib']:.1f} GiB", flush=True)
+            if "step_s" in row.get("torch", {}):
+                r["vs_torch"] = row["torch"]["step_s"] / r["step_s"]
+                print(f"    tinytf graph speed / torch speed = {r['vs_torch']:.2f}", flush=True)
+        except Exception as e:
+            import traceback
+            r = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+            print(f"train {mode:7s} graph : FAILED {r['error']}\n{r['traceback']}", flush=True)
+        row["tinytf_graph"] = r
+
+    write_report(report, args.json)
     return 0
+
+
+def write_report(report: dict, path) -> None:
+    """The report as JSON at ``path`` (if given), written whole each time."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=1, default=float)
 
 
 if __name__ == "__main__":
