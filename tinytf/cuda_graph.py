@@ -68,6 +68,9 @@ class CapturedStep:  # pragma: no cover - needs a GPU
                 fn()
             self._clear_grads()
             self.stream.synchronize()
+            # The dropout seed the captured kernels read: kept here, so that replays advance
+            # this very array even if manual_seed later gives tinytf a new stream.
+            self.rng = backend.counter_stream(cupy)
             with gemm.capturing(self.stream) as workspace:
                 self.workspace = workspace      # the graph's cuBLAS calls use it
                 self.stream.begin_capture()
@@ -93,7 +96,7 @@ class CapturedStep:  # pragma: no cover - needs a GPU
         outer = cupy.cuda.get_current_stream()
         self.stream.wait_event(outer.record())      # inputs written, last update done
         with self.stream:
-            backend.counter_stream(cupy).advance()
+            self.rng.advance()
             self.graph.launch(self.stream)
         outer.wait_event(self.stream.record())      # the optimizer runs after the graph
         for p, g in zip(self.params, self.grads):
