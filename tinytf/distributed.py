@@ -248,7 +248,7 @@ class Communicator:
             return
         for _, p in named:
             if p.grad is not None:
-                p.grad = _store(p.grad, p.grad, scale, own=p.grad is p._grad_buffer)
+                p.grad = _store(p.grad, p.grad, scale, own=_owns(p))
 
     def allreduce_scalars(self, values, op: str = "sum"):
         """Combine numbers over ranks with ``op`` ("sum", "max", "min"), elementwise.
@@ -407,7 +407,7 @@ class MPICommunicator(Communicator):
                 present = bucket.flags()
             for i, (p, view) in enumerate(zip(params, bucket.views()), start=bucket.start):
                 if present[i]:
-                    p.grad = _store(view, p.grad, scale, own=p.grad is p._grad_buffer)
+                    p.grad = _store(view, p.grad, scale, own=_owns(p))
         self.allreduce_seconds += time.perf_counter() - start
 
     def param_divergence(self, model) -> float:
@@ -451,6 +451,11 @@ class MPICommunicator(Communicator):
         if self._gpu is None:
             self._gpu = _GpuTransport.create(self.gpu_transport, self.comm, self._MPI)
         return self._gpu
+
+
+def _owns(p) -> bool:
+    """Whether ``p.grad`` is the parameter's own slot of a flat gradient buffer."""
+    return p.grad is not None and p.grad is p._grad_buffer
 
 
 def _store(summed, grad, scale, own: bool = False):
