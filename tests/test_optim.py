@@ -183,8 +183,10 @@ def test_backward_writes_gradients_into_the_flat_buffer():
     first = flat.grad.copy()
     (F.relu(model(x)) ** 2).sum().backward()
     np.testing.assert_allclose(flat.grad, 2 * first, rtol=1e-6)
-    # A parameter list that is not the optimizer's, in order, gets no flat gradient.
-    assert optim.flat_gradient(opt.params[::-1]) is None
+    # The same parameters in another order (the all-reduce sorts them by name) share the
+    # buffer; a part of them does not.
+    assert optim.flat_gradient(opt.params[::-1]) is flat.grad
+    assert optim.flat_gradient(opt.params[1:]) is None
 
 
 def test_flat_adam_relinks_after_the_arrays_are_replaced():
@@ -231,3 +233,18 @@ def test_flat_adam_refuses_what_it_cannot_pack():
     assert not optim.Adam([p64]).flat
     p = Tensor(np.ones(3, np.float32), requires_grad=True)
     assert not optim.Adam([p, p]).flat               # the same tensor twice
+
+
+def test_single_process_allreduce_scales_the_flat_buffer_in_place():
+    # The trainer scales the gradients by 1 / tokens through the communicator, which sorts
+    # the parameters by name: the flat slots must stay linked (no per-parameter copies).
+    from tinytf import functional as F
+    from tinytf.distributed import SingleCommunicator
+    model = _mlp()
+    opt = optim.Adam(model.named_parameters(), lr=0.01)
+    _train_steps(model, opt, 1)
+    (F.relu(model(Tensor(np.ones((2, 6), np.float32)))) ** 2).sum().backward()
+    before = opt._flat.grad.copy()
+    SingleCommunicator().allreduce_grads(model, scale=0.5)
+    assert opt._flat.grads_linked()
+    np.testing.assert_array_equal(opt._flat.grad, before * np.float32(0.5))

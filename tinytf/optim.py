@@ -50,6 +50,7 @@ class FlatParameters:
         xp = backend.get_array_module(params[0].data)
         device = backend.device_of(params[0].data)
         self.params = list(params)
+        self.ids = frozenset(id(p) for p in self.params)
         self.offsets, total = [], 0
         for p in self.params:
             self.offsets.append((total, total + p.size))
@@ -119,14 +120,14 @@ def flat_gradient(params):
     """The one flat array holding every gradient of ``params``, or None.
 
     Not None only when ``params`` are exactly the parameters of a :class:`FlatParameters`
-    (in order) and every gradient is its view: then a sum over all gradients is one
-    operation on this array.
+    (in any order: the all-reduce sorts them by name) and every gradient is its view: then
+    a sum or a scaling over all gradients is one operation on this array.
     """
     tensors = [p for _, p in _named(params)]
     flat = getattr(tensors[0], "_flat", None) if tensors else None
     if flat is None or len(tensors) != len(flat.params) or not flat.grads_linked():
         return None
-    if any(p is not q for p, q in zip(tensors, flat.params)):
+    if {id(p) for p in tensors} != flat.ids:
         return None
     return flat.grad
 
