@@ -544,7 +544,8 @@ class Trainer:
         multiplied by the scaler's S before backward and the gradients by 1 / S in the
         all-reduce's scaling pass; an overflow skips the step and lowers S (``"overflow"``),
         which is routine for fp16 and does not count as a bad step. On the GPU the step
-        reads two numbers back to the host: the loss and the gradient norm.
+        reads two numbers back to the host, the gradient norm and then the loss, and waits
+        for the GPU once.
         """
         backend.manual_seed(_step_seed(self.cfg.seed, self.comm.rank, self.step + 1))
         self.model.train()
@@ -561,14 +562,16 @@ class Trainer:
                 self.scaler.scale_loss(loss).backward()
                 loss_sum = loss.data if loss_sum is None else loss_sum + loss.data
                 tokens += n
-            loss_sum, tokens = self.comm.allreduce_scalars([float(loss_sum), float(tokens)])
+            # The token count is known on the host; the loss is read after the gradient
+            # norm, whose read waits for the GPU anyway, so the step stalls only once.
+            tokens = self.comm.allreduce_scalars(float(tokens))
             scale = self.scaler.scale if self.scaler.enabled else 1.0
             self.comm.allreduce_grads(self.model, scale=1.0 / (tokens * scale))
             if self.cfg.clip_norm > 0:
                 norm = clip_grad_norm(self.params, self.cfg.clip_norm)
             else:
                 norm = grad_norm(self.params)
-            loss = loss_sum / tokens
+            loss = self.comm.allreduce_scalars(float(loss_sum)) / tokens
             result = {"loss": loss, "tokens": int(tokens), "gnorm": norm, "skipped": False,
                       "overflow": False}
             finite = math.isfinite(loss) and math.isfinite(norm)
