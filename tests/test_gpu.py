@@ -94,20 +94,27 @@ def test_mixed_precision_gradients_track_float32(precision):
     assert all(p.grad.dtype == np.float32 for _, p in model.named_parameters())
 
 
-def test_bf16_training_steps_lower_the_loss_with_float32_adam_state():
+def _train_on_gpu(precision, scaler, steps=30):
+    """(model, Adam, per-token losses) of ``steps`` updates on one batch under ``precision``;
+    ``scaler`` scales the loss and divides the gradients by the token count."""
     tinytf.manual_seed(0)
     model = Transformer(small_config()).to("gpu").train()
     opt = Adam(model.named_parameters(), lr=3e-3)
     src, tgt_in, tgt = (cp.asarray(a) for a in batch())
     losses = []
-    for _ in range(30):
-        with amp.autocast("bf16"):
+    for _ in range(steps):
+        with amp.autocast(precision):
             logits = model(src, tgt_in)
             loss, n = label_smoothed_loss(logits, tgt, eps=0.1)
-            (loss * (1.0 / n)).backward()
-            opt.step()
+            scaler.scale_loss(loss).backward()
+            scaler.step(opt, extra_factor=1.0 / n)
             opt.zero_grad()
         losses.append(float(loss.item()) / n)
+    return model, opt, losses
+
+
+def test_bf16_training_steps_lower_the_loss_with_float32_adam_state():
+    model, opt, losses = _train_on_gpu("bf16", amp.DynamicLossScaler(enabled=False))
     assert losses[-1] < 0.5 * losses[0], losses
     assert all(m.dtype == np.float32 for m in opt.exp_avg.values())
     assert all(p.dtype == np.float32 for _, p in model.named_parameters())
@@ -115,20 +122,8 @@ def test_bf16_training_steps_lower_the_loss_with_float32_adam_state():
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # float16 overflow is the point
 def test_fp16_loss_scaling_skips_overflow_and_trains():
-    tinytf.manual_seed(0)
-    model = Transformer(small_config()).to("gpu").train()
-    opt = Adam(model.named_parameters(), lr=3e-3)
     scaler = amp.DynamicLossScaler(init_scale=2.0 ** 24)   # overflows at first, on purpose
-    src, tgt_in, tgt = (cp.asarray(a) for a in batch())
-    losses = []
-    for _ in range(30):
-        with amp.autocast("fp16"):
-            logits = model(src, tgt_in)
-            loss, n = label_smoothed_loss(logits, tgt, eps=0.1)
-            scaler.scale_loss(loss).backward()
-            scaler.step(opt, extra_factor=1.0 / n)
-            opt.zero_grad()
-        losses.append(float(loss.item()) / n)
+    _, _, losses = _train_on_gpu("fp16", scaler)
     assert scaler.skipped_steps >= 1 and scaler.scale < 2.0 ** 24
     assert losses[-1] < 0.6 * losses[0], losses
 
