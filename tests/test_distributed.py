@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-from tinytf import checkpoint, distributed, nn
+from tinytf import checkpoint, distributed, nn, optim
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "mpi_scripts")
@@ -123,9 +123,49 @@ def test_bucket_plan_keeps_sorted_order_and_splits_by_size_and_dtype():
     # a and b share 1 KiB; c (1200 bytes) would overflow it, so it gets a bucket of its
     # own (a parameter is never split); d changes the dtype and starts another.
     assert spans == [(0, 2, np.float32), (2, 3, np.float32), (3, 5, np.float64)]
-    assert plan.buckets[0].n_flags == 5 and plan.buckets[0].buffer.size == 5 + 10 + 50
-    assert plan.nbytes == 65 * 4 + 300 * 4 + 11 * 8
+    assert plan.buckets[0].buffer.size == 10 + 50
+    assert plan.nbytes == 60 * 4 + 300 * 4 + 11 * 8
     assert plan.buckets[0].views()[1].shape == (5, 10)
+    assert plan.flat is None
+
+
+def test_flat_parameters_travel_as_chunks_of_their_buffer():
+    """Parameters that share Adam's flat buffers need no buckets: the collectives run on
+    contiguous views of the buffer, about bucket_bytes each, that tile it exactly."""
+    named = sorted((n, nn.Parameter(np.zeros(s, dtype=np.float32))) for n, s in [
+        ("w", (30, 7)), ("b", (7,)), ("v", (100,))])
+    assert distributed._flat_buffer(named) is None          # no optimizer yet
+    opt = optim.Adam(named[::-1], lr=1e-3)                   # another order than sorted
+    for _, p in named:
+        p.grad = np.ones(p.shape, dtype=np.float32)
+    opt.step()
+    flat = distributed._flat_buffer(named)
+    assert flat is not None and flat.grad.size == 317
+    plan = distributed._BucketPlan(named, bucket_bytes=400, flat=flat)
+    chunks = plan.chunks(flat.grad)
+    assert plan.buckets == [] and [c.size for c in chunks] == [100, 100, 100, 17]
+    assert all(np.shares_memory(c, flat.grad) and c.flags.c_contiguous for c in chunks)
+    assert plan.nbytes == 317 * 4
+    assert distributed._flat_buffer(named[:2]) is None       # a subset is not the buffer
+    named[0][1].data = np.zeros((7,), dtype=np.float32)      # replaced from outside
+    assert distributed._flat_buffer(named) is None
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, "auto"), ({"TINYTF_NCCL": "1"}, "nccl"), ({"TINYTF_NCCL": "0"}, "host"),
+    ({"TINYTF_CUDA_AWARE_MPI": "1"}, "cuda-aware"), ({"TINYTF_GPU_TRANSPORT": " NCCL "}, "nccl"),
+    ({"TINYTF_GPU_TRANSPORT": "host", "TINYTF_NCCL": "1"}, "host")])
+def test_gpu_transport_from_the_environment(monkeypatch, env, expected):
+    for name in ("TINYTF_NCCL", "TINYTF_CUDA_AWARE_MPI", "TINYTF_GPU_TRANSPORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert distributed.gpu_transport_from_env() == expected
+
+
+def test_nccl_is_not_chosen_without_a_gpu_for_each_rank():
+    usable, why = distributed.nccl_usable(local_size=10 ** 6)
+    assert not usable and why      # no CuPy, no NCCL, or fewer GPUs than ranks: a reason
 
 
 def test_mpirun_command_has_the_container_flags():

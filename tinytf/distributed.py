@@ -20,11 +20,15 @@ How (the ChainerMN design): parameters are always walked in sorted-name order
 about ``bucket_bytes`` (25 MB) each, and each buffer is summed with one buffer-based
 ``Allreduce(MPI.IN_PLACE, ...)`` -- never the lowercase, pickling ``allreduce``, and never
 one call per parameter (a Transformer has ~200 of them; each call costs a latency).
+When the gradients already share one flat buffer (``optim.Adam`` keeps one, see
+``optim.FlatParameters``), that buffer is summed in place in chunks of the same size and
+nothing is packed: every rank's buffer has the same layout, checked once like the names.
 
-GPU arrays (CuPy) are handed to MPI in one of three ways, chosen once per job:
-staged through pinned host buffers (default; works with any MPI), passed as device memory
-to a CUDA-aware MPI (``TINYTF_CUDA_AWARE_MPI=1``), or summed by NCCL through
-``cupy.cuda.nccl`` (``TINYTF_NCCL=1``; MPI only shares NCCL's unique id). The GPU code is
+GPU arrays (CuPy) are handed to MPI in one of three ways, chosen once per job: summed by
+NCCL through ``cupy.cuda.nccl`` (MPI only shares NCCL's unique id; the default wherever
+every rank can load NCCL and has a GPU of its own), staged through pinned host buffers
+(the fallback; works with any MPI), or passed as device memory to a CUDA-aware MPI
+(``TINYTF_GPU_TRANSPORT=cuda-aware``). The GPU code is
 at the end of this file; the CPU path never touches it.
 
 Failure: a Python exception on one rank would leave the others blocked in their next
@@ -78,7 +82,7 @@ def init(*, bucket_bytes: int = BUCKET_BYTES, gpu_transport: str | None = None,
     import even where no launcher variable is visible. Under MPI, with
     ``TINYTF_DEVICE=gpu``, selects GPU ``local_rank % device_count`` before anything is
     allocated, and (unless ``install_excepthook=False``) installs the abort-on-exception
-    hook. ``gpu_transport``: "host", "cuda-aware" or "nccl" (default: from the
+    hook. ``gpu_transport``: "auto", "host", "cuda-aware" or "nccl" (default: from the
     environment, see :func:`gpu_transport_from_env`).
     """
     forced = os.environ.get("TINYTF_DISTRIBUTED", "")
@@ -118,13 +122,46 @@ def _launched_size() -> int:
     return 1
 
 
+GPU_TRANSPORTS = ("auto", "host", "cuda-aware", "nccl")
+
+
 def gpu_transport_from_env() -> str:
-    """"nccl" if ``TINYTF_NCCL=1``, "cuda-aware" if ``TINYTF_CUDA_AWARE_MPI=1``, else "host"."""
+    """The GPU transport the environment asks for (default "auto").
+
+    ``TINYTF_GPU_TRANSPORT`` = auto | host | cuda-aware | nccl; the older switches still
+    work: ``TINYTF_NCCL=1`` means nccl, ``TINYTF_NCCL=0`` host, ``TINYTF_CUDA_AWARE_MPI=1``
+    cuda-aware. "auto" means NCCL where every rank can use it, else host staging
+    (:meth:`MPICommunicator._resolve_auto`).
+    """
+    named = os.environ.get("TINYTF_GPU_TRANSPORT", "").strip().lower()
+    if named:
+        return named
     if os.environ.get("TINYTF_NCCL") == "1":
         return "nccl"
     if os.environ.get("TINYTF_CUDA_AWARE_MPI") == "1":
         return "cuda-aware"
-    return "host"
+    if os.environ.get("TINYTF_NCCL") == "0":
+        return "host"
+    return "auto"
+
+
+def nccl_usable(local_size: int) -> tuple:
+    """(usable, why not) for NCCL in this process: CuPy's NCCL binding loads, and this
+    node has a GPU for each of its ``local_size`` ranks (NCCL refuses two ranks on one)."""
+    try:
+        import cupy  # noqa: PLC0415
+        from cupy.cuda import nccl  # noqa: PLC0415
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a missing libnccl
+        return False, f"cupy.cuda.nccl does not load ({type(exc).__name__}: {exc})"
+    if not getattr(nccl, "available", True):
+        return False, "CuPy was built without NCCL (cupy.cuda.nccl.available is False)"
+    try:
+        gpus = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001
+        return False, f"no CUDA device ({exc})"
+    if gpus < local_size:
+        return False, f"{local_size} ranks share this node's {gpus} GPU(s)"
+    return True, ""
 
 
 @functools.lru_cache(maxsize=None)
@@ -299,9 +336,9 @@ class MPICommunicator(Communicator):
         node.Free()
         self.bucket_bytes = int(bucket_bytes)
         self.gpu_transport = gpu_transport or gpu_transport_from_env()
-        if self.gpu_transport not in ("host", "cuda-aware", "nccl"):
-            raise ValueError(f"distributed.py: gpu_transport must be host, cuda-aware or "
-                             f"nccl, got {self.gpu_transport!r}")
+        if self.gpu_transport not in GPU_TRANSPORTS:
+            raise ValueError(f"distributed.py: gpu_transport must be one of "
+                             f"{', '.join(GPU_TRANSPORTS)}, got {self.gpu_transport!r}")
         self._plans: dict = {}
         self._host = _MPITransport(mpi_comm, MPI)
         self._gpu = None  # a _GpuTransport, created on the first CuPy buffer
@@ -373,13 +410,21 @@ class MPICommunicator(Communicator):
     # ----- packed parameter collectives ------------------------------------------------
 
     def broadcast_params(self, model, root: int = 0) -> None:
-        """Copy rank ``root``'s parameter values into every rank's model (packed ``Bcast``)."""
+        """Copy rank ``root``'s parameter values into every rank's model (packed ``Bcast``).
+
+        Parameters that share one flat buffer (``optim.FlatParameters``, made by Adam) are
+        broadcast in place, chunk by chunk, with no packing.
+        """
         named = _named_parameters(model)
         plan = self._plan(named)
         transport = self._transport(plan.xp)
+        if plan.flat is not None:
+            for chunk in plan.chunks(plan.flat.data):
+                transport.bcast(chunk, root)
+            return
         for bucket in plan.buckets:
             params = [p for _, p in named[bucket.start:bucket.stop]]
-            transport.bcast(bucket.pack([p.data for p in params], [1] * len(named)), root)
+            transport.bcast(bucket.pack([p.data for p in params]), root)
             if self.rank != root:
                 for p, view in zip(params, bucket.views()):
                     p.data[...] = view
@@ -387,28 +432,56 @@ class MPICommunicator(Communicator):
     def allreduce_grads(self, model, scale: float | None = None) -> None:
         """Replace every ``.grad`` with its sum over ranks, times ``scale`` if given.
 
-        Gradients are packed in sorted-name order into buckets of about ``bucket_bytes``,
-        each summed by one ``Allreduce(IN_PLACE)``. A gradient that is None counts as zeros
-        and stays None only if it is None on every rank: bucket 0 starts with one presence
-        flag per parameter, summed with the gradients (no extra collective).
+        Which parameters have a gradient is agreed first: one small host ``Allreduce`` of
+        a presence flag per parameter (no device memory, so no wait for the GPU). A
+        gradient that is None counts as zeros and stays None only if it is None on every
+        rank. Then the gradients themselves:
+
+        - parameters that share one flat buffer (``optim.FlatParameters``: Adam's default)
+          are summed in place in that buffer, in chunks of about ``bucket_bytes``, and
+          scaled by one pass over it: no packing, no unpacking, and every ``.grad`` stays
+          the parameter's slot of the buffer;
+        - otherwise they are packed in sorted-name order into buckets of about
+          ``bucket_bytes``, each summed by one ``Allreduce(IN_PLACE)`` and copied back.
         """
         named = _named_parameters(model)
         plan = self._plan(named)
         transport = self._transport(plan.xp)
         start = time.perf_counter()
-        flags = [0 if p.grad is None else 1 for _, p in named]
-        present = None
-        for bucket in plan.buckets:
-            params = [p for _, p in named[bucket.start:bucket.stop]]
-            buf = bucket.pack([p.grad for p in params], flags)
-            transport.allreduce(buf)
-            self.allreduce_bytes += buf.nbytes
-            if present is None:  # bucket 0 comes first and holds the flags
-                present = bucket.flags()
-            for i, (p, view) in enumerate(zip(params, bucket.views()), start=bucket.start):
-                if present[i]:
-                    p.grad = _store(view, p.grad, scale, own=_owns(p))
+        present = np.array([p.grad is not None for _, p in named], dtype=np.int32)
+        self.comm.Allreduce(self._MPI.IN_PLACE, present, op=self._MPI.SUM)
+        if plan.flat is not None:
+            self._allreduce_flat(plan, named, present, transport, scale)
+        else:
+            for bucket in plan.buckets:
+                params = [p for _, p in named[bucket.start:bucket.stop]]
+                buf = bucket.pack([p.grad for p in params])
+                transport.allreduce(buf)
+                self.allreduce_bytes += buf.nbytes
+                for i, (p, view) in enumerate(zip(params, bucket.views()), start=bucket.start):
+                    if present[i]:
+                        p.grad = _store(view, p.grad, scale, own=_owns(p))
         self.allreduce_seconds += time.perf_counter() - start
+
+    def _allreduce_flat(self, plan, named, present, transport, scale) -> None:
+        """The flat-buffer case of :meth:`allreduce_grads`: sum the buffer in place."""
+        flat = plan.flat
+        slots = {id(p): g for p, g in zip(flat.params, flat.grad_views)}
+        for (_, p), wanted in zip(named, present):
+            slot = slots[id(p)]
+            if p.grad is None:
+                if wanted:          # another rank has one: this rank adds zeros
+                    slot[...] = 0
+            elif p.grad is not slot:  # a gradient set from outside: gather it in
+                slot[...] = p.grad
+        for chunk in plan.chunks(flat.grad):
+            transport.allreduce(chunk)
+            self.allreduce_bytes += chunk.nbytes
+        if scale is not None:
+            backend.get_array_module(flat.grad).multiply(flat.grad, float(scale),
+                                                         out=flat.grad)
+        for (_, p), wanted in zip(named, present):
+            p.grad = slots[id(p)] if wanted else None
 
     def param_divergence(self, model) -> float:
         """max |p - p_root| over all parameters and ranks (0.0 when the copies agree).
@@ -420,7 +493,7 @@ class MPICommunicator(Communicator):
         worst = 0.0
         for bucket in plan.buckets:
             params = [p for _, p in named[bucket.start:bucket.stop]]
-            mine = bucket.pack([p.data for p in params], [1] * len(named)).copy()
+            mine = bucket.pack([p.data for p in params]).copy()
             self._transport(plan.xp).bcast(bucket.buffer, 0)
             if mine.size:
                 worst = max(worst, float(abs(mine - bucket.buffer).max()))
@@ -429,19 +502,33 @@ class MPICommunicator(Communicator):
     # ----- plumbing --------------------------------------------------------------------
 
     def _plan(self, named) -> "_BucketPlan":
-        """The cached bucket layout for these parameters, checked equal on every rank."""
+        """The cached layout for these parameters, checked equal on every rank.
+
+        The layout is the names, shapes and dtypes in sorted-name order, and, when the
+        parameters share one flat buffer, the order of the names in that buffer: every
+        rank must sum the same bytes with the same bytes.
+        """
+        flat = _flat_buffer(named)
         key = tuple((name, p.shape, str(p.dtype), backend.device_of(p.data))
                     for name, p in named)
+        if flat is not None:
+            names = {id(p): name for name, p in named}
+            key += (("flat",) + tuple(names[id(p)] for p in flat.params), id(flat))
         plan = self._plans.get(key)
         if plan is None:
             # Ranks that disagree on names, shapes or dtypes would sum unrelated numbers
             # (or crash inside MPI): compare a checksum of the layout once, up front.
-            crc = float(zlib.crc32(repr([k[:3] for k in key]).encode()))
+            layout = [k[:3] for k in key[:len(named)]] + ([key[len(named)]] if flat else [])
+            crc = float(zlib.crc32(repr(layout).encode()))
             lo, neg_hi = self.allreduce_scalars([crc, -crc], op="min")
             if lo != -neg_hi:
-                self.abort("parameter names, shapes or dtypes differ between ranks")
+                self.abort("parameter names, shapes or dtypes (or their order in the flat "
+                           "buffer) differ between ranks")
             xp = backend.get_array_module(named[0][1].data) if named else np
-            plan = self._plans[key] = _BucketPlan(named, self.bucket_bytes, xp)
+            if flat is not None:
+                # A plan per flat buffer: forget the one a rebuilt buffer replaced.
+                self._plans = {k: v for k, v in self._plans.items() if v.flat is None}
+            plan = self._plans[key] = _BucketPlan(named, self.bucket_bytes, xp, flat=flat)
         return plan
 
     def _transport(self, xp):
@@ -449,8 +536,36 @@ class MPICommunicator(Communicator):
         if xp is np:
             return self._host
         if self._gpu is None:
+            if self.gpu_transport == "auto":
+                self.gpu_transport = self._resolve_auto()
             self._gpu = _GpuTransport.create(self.gpu_transport, self.comm, self._MPI)
         return self._gpu
+
+    def _resolve_auto(self) -> str:
+        """"nccl" if NCCL is usable on every rank, else "host"; the same answer everywhere.
+
+        Decided together (one small all-reduce, at the first GPU collective, which every
+        rank reaches): ranks that chose different transports would wait for each other in
+        different collectives for ever. Rank 0 says which it took and, if not NCCL, why.
+        """
+        usable, why = nccl_usable(self.local_size)
+        everywhere = self.allreduce_scalars(float(usable), op="min") == 1.0
+        if self.is_root:
+            reason = "" if everywhere else f" ({why or 'NCCL is not usable on another rank'})"
+            print(f"tinytf.distributed: GPU gradients go through "
+                  f"{'NCCL' if everywhere else 'pinned host buffers and MPI'}{reason}; "
+                  f"TINYTF_GPU_TRANSPORT=host|cuda-aware|nccl chooses", flush=True)
+        return "nccl" if everywhere else "host"
+
+
+def _flat_buffer(named):
+    """The ``optim.FlatParameters`` whose parameters are exactly these, or None."""
+    tensors = [p for _, p in named]
+    flat = getattr(tensors[0], "_flat", None) if tensors else None
+    if (flat is None or len(flat.params) != len(tensors) or not flat.linked(flat.params)
+            or {id(p) for p in tensors} != flat.ids):
+        return None
+    return flat
 
 
 def _owns(p) -> bool:
@@ -499,20 +614,18 @@ class _Bucket:
     current arrays each time, so a model with the same layout can use the same plan.
     """
 
-    def __init__(self, index: int, start: int, shapes: list, dtype, n_flags: int, xp):
+    def __init__(self, index: int, start: int, shapes: list, dtype, xp):
         self.index, self.start, self.stop = index, start, start + len(shapes)
-        self.shapes, self.n_flags, self.xp = shapes, n_flags, xp
-        self.offsets, total = [], n_flags
+        self.shapes, self.xp = shapes, xp
+        self.offsets, total = [], 0
         for shape in shapes:
             self.offsets.append((total, total + int(np.prod(shape, dtype=np.int64))))
             total = self.offsets[-1][1]
         self.buffer = xp.empty(total, dtype=dtype)  # allocated once, reused every step
 
-    def pack(self, arrays, flags):
-        """Copy ``arrays`` (None -> zeros) into the buffer, after ``flags`` in bucket 0."""
+    def pack(self, arrays):
+        """Copy ``arrays`` (None -> zeros) into the buffer."""
         buf = self.buffer
-        if self.n_flags:
-            buf[:self.n_flags] = self.xp.asarray(flags, dtype=buf.dtype)
         for (lo, hi), a in zip(self.offsets, arrays):
             if a is None:
                 buf[lo:hi] = 0
@@ -525,21 +638,24 @@ class _Bucket:
         return [self.buffer[lo:hi].reshape(shape)
                 for (lo, hi), shape in zip(self.offsets, self.shapes)]
 
-    def flags(self):
-        """The summed presence flags as a host bool array (>0: some rank had a gradient)."""
-        return backend.to_numpy(self.buffer[:self.n_flags]) > 0
-
 
 class _BucketPlan:
-    """Parameters in sorted-name order cut into buckets of about ``bucket_bytes``.
+    """How the parameters travel: chunks of their flat buffer, or packed buckets.
 
-    A parameter is never split; a bucket closes when the next parameter would overflow it
-    or has another dtype. Bucket 0 starts with one presence flag per parameter.
+    ``flat``: the parameters' ``optim.FlatParameters``, or None. With one, the collectives
+    run on :meth:`chunks` of its buffers (views, about ``bucket_bytes`` each) and no
+    bucket is allocated. Without, the parameters in sorted-name order are cut into
+    buckets of about ``bucket_bytes``: a parameter is never split, and a bucket closes
+    when the next parameter would overflow it or has another dtype.
     """
 
-    def __init__(self, named, bucket_bytes: int, xp=np):
+    def __init__(self, named, bucket_bytes: int, xp=np, flat=None):
         self.xp = xp  # numpy or cupy: where the parameters (and so the buffers) live
+        self.flat = flat
+        self.bucket_bytes = int(bucket_bytes)
         self.buckets = []
+        if flat is not None:
+            return
         start, nbytes = 0, 0
         for i, (_, p) in enumerate(named):
             size = p.size * p.dtype.itemsize
@@ -553,12 +669,18 @@ class _BucketPlan:
     def _close(self, named, start: int, stop: int) -> None:
         dtype = named[start][1].dtype if stop > start else np.dtype(np.float32)
         shapes = [p.shape for _, p in named[start:stop]]
-        n_flags = len(named) if not self.buckets else 0
-        self.buckets.append(_Bucket(len(self.buckets), start, shapes, dtype, n_flags, self.xp))
+        self.buckets.append(_Bucket(len(self.buckets), start, shapes, dtype, self.xp))
+
+    def chunks(self, buffer) -> list:
+        """Contiguous views of a flat ``buffer``, about ``bucket_bytes`` each (at least one)."""
+        step = max(1, self.bucket_bytes // buffer.itemsize)
+        return [buffer[lo:lo + step] for lo in range(0, buffer.size, step)] or [buffer]
 
     @property
     def nbytes(self) -> int:
         """Bytes handed to MPI per all-reduce of the whole model."""
+        if self.flat is not None:
+            return self.flat.grad.nbytes
         return sum(b.buffer.nbytes for b in self.buckets)
 
 

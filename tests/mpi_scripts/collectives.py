@@ -8,7 +8,7 @@ import os
 import numpy as np
 from dp_common import ROOT  # noqa: F401 - puts the repository on sys.path
 
-from tinytf import distributed, nn
+from tinytf import distributed, nn, optim
 
 
 def main() -> None:
@@ -59,6 +59,45 @@ def main() -> None:
     small.broadcast_params(params.items())
     assert all((p.data == 1).all() for p in params.values())
     assert small.param_divergence(params.items()) == 0.0
+    # Parameters in Adam's flat buffers: summed in place, chunk by chunk (a tiny chunk
+    # size: several), with the same None rules; a gradient set from outside is gathered.
+    flat_params = {name: nn.Parameter(np.zeros(shape, dtype=np.float32))
+                   for name, shape in [("u", (3, 5)), ("w", (11,)), ("x", (4,)), ("y", (2,))]}
+    opt = optim.Adam(list(flat_params.items())[::-1], lr=1e-3)
+    for p in flat_params.values():
+        p.grad = np.zeros(p.shape, dtype=np.float32)
+    opt.step()                                             # builds the flat buffers
+    flat = distributed._flat_buffer(sorted(flat_params.items()))
+    assert flat is not None
+    for name, p in flat_params.items():
+        p.grad = p._grad_buffer
+        p.grad[...] = (ord(name) - ord("t")) * (r + 1)     # u: 1, w: 3, x: 4, y: 5 per rank
+    if r == 0:
+        flat_params["x"].grad = None            # one rank only: its slot must count as 0
+    flat_params["y"].grad = None                                        # no rank
+    outside = np.full((11,), 7.0 * (r + 1), dtype=np.float32)
+    flat_params["w"].grad = outside                          # not the buffer's slot
+    small.allreduce_grads(list(flat_params.items()), scale=0.5)
+    plan = small._plan(sorted(flat_params.items()))
+    assert plan.buckets == [] and len(plan.chunks(flat.grad)) == 2    # no packing
+    expected = {"u": 1 * 3 * 0.5, "w": 7 * 3 * 0.5, "x": 4 * 2 * 0.5}
+    for name, p in flat_params.items():
+        if name == "y":
+            assert p.grad is None
+        else:
+            assert p.grad is p._grad_buffer, name              # still the buffer's slot
+            np.testing.assert_array_equal(p.grad, expected[name], err_msg=name)
+    assert not np.shares_memory(outside, flat.grad) and (outside == 7.0 * (r + 1)).all()
+    # Broadcast in place: rank 0's values, the parameters still views of the buffer.
+    for p in flat_params.values():
+        p.data[...] = 10 * (r + 1)
+    small.broadcast_params(list(flat_params.items()))
+    assert all((p.data == 10).all() for p in flat_params.values())
+    assert flat.linked(flat.params)
+    # The GPU transport "auto": NCCL only if every rank can use it; all ranks agree.
+    choice = distributed.MPICommunicator(comm.comm, gpu_transport="auto")._resolve_auto()
+    code = ["host", "nccl"].index(choice)
+    assert comm.allreduce_scalars([code, -code], op="min") == [code, -code], choice
     if comm.is_root:
         print("collectives OK", flush=True)
 

@@ -96,6 +96,8 @@ def main(transports) -> None:
             print(f"{kind}: checks passed; base-size all-reduce {ms:.1f} ms "
                   f"(bus bandwidth {gbps:.1f} GB/s) on {comm.size} ranks, {n_gpus} GPU(s) "
                   f"per node", flush=True)
+    comm.gpu_transport, comm._gpu = "auto", None
+    comm._transport(cupy)                              # rank 0 says what "auto" picked
     if comm.is_root:
         print("gpu_check OK", flush=True)
 
