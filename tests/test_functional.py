@@ -44,6 +44,32 @@ def test_linear(lead, n_in, n_out, bias, transposed_x, seed):
     gradcheck(F.linear, inputs)
 
 
+@given(lead=hnp.array_shapes(min_dims=0, max_dims=2, max_side=3), n_in=st.integers(1, 4),
+       n_out=st.integers(1, 4), bias=st.booleans(), seed=SEEDS)
+def test_linear_with_relu(lead, n_in, n_out, bias, seed):
+    # One node equal to relu(linear(...)), value and gradients; float64 gradient check.
+    rng = np.random.default_rng(seed)
+    a, w, b = rng.normal(size=lead + (n_in,)), rng.normal(size=(n_out, n_in)), rng.normal(size=n_out)
+    inputs = [leaf(a), leaf(w)] + ([leaf(b)] if bias else [])
+    close(F.linear(*inputs, activation="relu"), np.maximum(a @ w.T + (b if bias else 0.0), 0))
+    gradcheck(lambda *t: F.linear(*t, activation="relu"), inputs)
+    twins = [leaf(t.data) for t in inputs]
+    g = rng.normal(size=lead + (n_out,))
+    F.linear(*inputs, activation="relu").backward(g)
+    F.relu(F.linear(*twins)).backward(g)
+    for t, twin in zip(inputs, twins):
+        np.testing.assert_array_equal(t.grad, twin.grad)
+
+
+def test_linear_activation_is_checked_and_nan_passes_relu():
+    x, w = Tensor(np.ones((2, 3), dtype=np.float32)), Tensor(np.ones((4, 3), dtype=np.float32))
+    with pytest.raises(ValueError, match="activation must be"):
+        F.linear(x, w, activation="gelu")
+    x.data[0, 0] = np.nan          # as np.maximum: an overflow must stay visible (fp16 scaler)
+    y = F.linear(x, w, Tensor(-np.ones(4, dtype=np.float32) * 5), activation="relu").data
+    assert np.isnan(y[0]).all() and (y[1] == 0).all()
+
+
 # ----- layer norm --------------------------------------------------------------------------
 def np_layer_norm(a, w, b, eps):
     mean = a.mean(-1, keepdims=True)

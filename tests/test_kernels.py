@@ -330,13 +330,17 @@ def test_dropout_backward_of_a_float32_gradient(on_cpu, kind):
 
 @needs_cxx
 @pytest.mark.parametrize("kind", STORAGES)
-def test_add_bias_matches_numpy(on_cpu, kind):
-    # y += b (float32) in place: NumPy's sum in float32, stored rounded to y's dtype.
+@pytest.mark.parametrize("relu", [False, True])
+def test_add_bias_matches_numpy(on_cpu, kind, relu):
+    # y += b (float32) in place: NumPy's sum in float32, stored rounded to y's dtype; with
+    # relu then max(y, 0) in the same pass (a NaN stays NaN, as np.maximum keeps it).
     y = rounded(rng.standard_normal((6, 37)), kind)
+    y[2, 3] = np.nan
     b = rng.standard_normal(37).astype(np.float32)
     out = to_storage(y, kind).copy()   # (float32 storage is y itself)
-    kernels.add_bias_(out, b)
-    np.testing.assert_array_equal(to_f32(out, kind), rounded(y + b, kind))
+    kernels.add_bias_(out, b, relu=relu)
+    ref = rounded(y + b, kind)
+    np.testing.assert_array_equal(to_f32(out, kind), np.maximum(ref, 0) if relu else ref)
 
 
 @needs_cxx
@@ -701,6 +705,9 @@ def test_gpu_fused_kernels_match_numpy(kind):
     y, bias = to_gpu(x, kind), rng.standard_normal(64).astype(np.float32)
     kernels.add_bias_(y, cp.asarray(bias))
     np.testing.assert_allclose(from_gpu(y), rounded(x + bias, kind), **TOL[kind])
+    y = to_gpu(x, kind)
+    kernels.add_bias_(y, cp.asarray(bias), relu=True)
+    np.testing.assert_allclose(from_gpu(y), np.maximum(rounded(x + bias, kind), 0), **TOL[kind])
 
 
 @gpu

@@ -16,15 +16,18 @@ def _int_tensor(x) -> Tensor:
     return x if isinstance(x, Tensor) else Tensor(x)
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
+           activation: str | None = None) -> Tensor:
     """x @ weight.T + bias, weight of shape (out, in); one 2-D GEMM whatever x's rank.
 
+    ``activation="relu"`` gives relu(x @ weight.T + bias) as one node (the feed-forward
+    network's first layer), equal to ``relu(linear(x, weight, bias))``.
     Under ``amp.autocast("bf16"/"fp16")`` the op itself casts its float32 operands to the
     compute dtype (see ``ops.Linear``); the parameters' gradients stay float32.
     """
     dtype = amp.compute_dtype("linear", x)
     inputs = (x, weight) if bias is None else (x, weight, bias)
-    return ops.Linear.apply(*inputs, compute_dtype=dtype)
+    return ops.Linear.apply(*inputs, compute_dtype=dtype, activation=activation)
 
 
 def relu(x: Tensor) -> Tensor:

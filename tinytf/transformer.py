@@ -297,7 +297,9 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(relu_dropout)  # not in the paper; 0 by default
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w_2(self.dropout(F.relu(self.w_1(x))))  # (B, T, d_ff) -> (B, T, d)
+        # relu(x W_1 + b_1) as one node: F.linear's activation (= F.relu(self.w_1(x))).
+        hidden = F.linear(x, self.w_1.weight, self.w_1.bias, activation="relu")
+        return self.w_2(self.dropout(hidden))              # (B, T, d_ff) -> (B, T, d)
 
 
 # --------------------------------------------------------------------------------------

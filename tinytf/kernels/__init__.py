@@ -352,8 +352,9 @@ def relu_forward(x, bias=None):
     return y
 
 
-def add_bias_(y, bias) -> None:
-    """y += bias in place over the last axis (bias read as float32, y any storage type).
+def add_bias_(y, bias, relu: bool = False) -> None:
+    """y += bias in place over the last axis (bias read as float32, y any storage type);
+    with ``relu`` then y = max(y, 0) in the same pass (a linear layer with a ReLU).
 
     NumPy's ``y += bias`` for a 16-bit y and a float32 bias: the sum in float32, stored
     rounded to y's dtype. One launch; no cast of the bias, no temporary.
@@ -365,7 +366,7 @@ def add_bias_(y, bias) -> None:
     if y.size:
         grid, block = _flat_grid(y.size)
         _runtime.launch("add_bias", [_runtime.storage(y.dtype)], grid, block,
-                        (y, _f32(xp, bias), y.size, y.shape[-1]))
+                        (y, _f32(xp, bias), y.size, y.shape[-1], int(relu)))
 
 
 def relu_backward(y, grad):

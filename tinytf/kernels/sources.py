@@ -401,17 +401,21 @@ __global__ void bias_relu_fwd(const T* __restrict__ x, unsigned long long bias_a
          i += (long long)gridDim.x * blockDim.x) {
         float v = to_f32(x[i]);
         if (bias) v = to_f32(from_f32<T>(v + bias[i % n]));   // x + b is rounded to T first
-        y[i] = from_f32<T>(v > 0.0f ? v : 0.0f);
+        y[i] = from_f32<T>(v <= 0.0f ? 0.0f : v);       // NaN stays NaN, as in NumPy
     }
 }
 
-// y += b[col] in place (a linear layer's bias, float32, added to its T output).
+// y += b[col] in place (a linear layer's bias, float32, added to its T output), then
+// max(y, 0) when relu is set (a linear layer with a ReLU: max of the rounded sum and 0,
+// which is the rounded max, so this equals add_bias followed by relu).
 template <typename T>
 __global__ void add_bias(T* __restrict__ y, const float* __restrict__ bias, long long total,
-                         int n) {
+                         int n, int relu) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x)
-        y[i] = from_f32<T>(to_f32(y[i]) + bias[i % n]);
+         i += (long long)gridDim.x * blockDim.x) {
+        float v = to_f32(y[i]) + bias[i % n];
+        y[i] = from_f32<T>(relu && v <= 0.0f ? 0.0f : v);   // NaN stays NaN, as in NumPy
+    }
 }
 
 template <typename T>

@@ -52,16 +52,27 @@ class Linear(Function):
     dW, db and a float32 x's dx as float32, with no 16-bit rounding and no cast. The
     float32 bias is added to the output as it is (the sum rounded once, to the output's
     dtype).
+
+    ``activation="relu"``: y = max(x @ W^T + b, 0), the ReLU applied in place to the
+    product (on the GPU in the same pass as the bias); backward first zeroes the gradient
+    where y is not positive, then proceeds as above. One node for the feed-forward
+    network's first layer instead of two, and one pass over its (N, d_ff) output fewer.
     """
 
-    def forward(self, x, weight, bias=None, compute_dtype=None):
+    def forward(self, x, weight, bias=None, compute_dtype=None, activation=None):
+        if activation not in (None, "relu"):
+            raise ValueError(f"Linear: activation must be None or 'relu', got {activation!r}")
         x2 = x.reshape(-1, x.shape[-1])
         self.compute_dtype = compute_dtype
         if compute_dtype is not None:
             x2, weight = amp.to_compute(x2, compute_dtype), amp.to_compute(weight, compute_dtype)
         out = matmul(x2, weight.T)
+        relu = activation == "relu"
         if bias is not None:
-            _add_bias(out, bias)
+            _add_bias(out, bias, relu)
+        elif relu:
+            _relu_(out)
+        self.relu_out = out if relu else None    # the gradient passes where it is positive
         self.save_for_backward(x2, weight)
         self.in_shape = x.shape
         self.param_dtypes = (self.inputs[1].dtype,
@@ -71,6 +82,10 @@ class Linear(Function):
     def backward(self, grad):
         x2, weight = self.saved
         g2 = grad.reshape(-1, weight.shape[0])
+        if self.relu_out is not None:
+            y = self.relu_out
+            g2 = kernels.relu_backward(y, g2) if kernels.fused(y) else g2 * (y > 0)
+            self.relu_out = None
         w_dtype, b_dtype = self.param_dtypes
         mixed = self.compute_dtype is not None
         gx = gw = gb = None
@@ -90,11 +105,20 @@ class Linear(Function):
         return gx, gw, gb
 
 
-def _add_bias(out, bias) -> None:
-    """out += bias in place, bias over the last axis; out keeps its dtype."""
+def _add_bias(out, bias, relu: bool = False) -> None:
+    """out += bias in place, bias over the last axis; out keeps its dtype. With ``relu``
+    then out = max(out, 0), in the same launch on the GPU."""
     if kernels.fused(out, bias):
-        kernels.add_bias_(out, bias)
-    elif bias.dtype == out.dtype or get_array_module(out) is np:
+        kernels.add_bias_(out, bias, relu=relu)
+        return
+    if bias.dtype == out.dtype or get_array_module(out) is np:
         out += bias                     # NumPy: the sum in the wider type, stored as out's
     else:
         out += bias.astype(out.dtype)   # CuPy without the fused kernels
+    if relu:
+        _relu_(out)
+
+
+def _relu_(out) -> None:
+    """out = max(out, 0) in place (NaN stays NaN)."""
+    get_array_module(out).maximum(out, 0, out=out)
