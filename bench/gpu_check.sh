@@ -9,10 +9,12 @@
 #    float32, incremental and beam decoding against the CPU (tests/test_gpu.py);
 # 3. bench/gpu_train.py: training tokens/s and MFU of `base` at 25k-token batches in
 #    float32, tf32 and bf16, and bf16 with the step replayed as a CUDA graph (its
-#    gradients checked against the ordinary step's), decoding sentences/s, and PyTorch
-#    eager on the same GPU;
+#    gradients checked against the ordinary step's), the GPU time of one attention call
+#    (graph-replayed), decoding sentences/s, and PyTorch eager on the same GPU;
 # 4. the command-line tools: train.py --device gpu --precision bf16 (tiny) on the shipped
-#    corpus for 90 seconds, then translate.py --device gpu (beam 4) on the test set with BLEU.
+#    corpus for 90 seconds, then translate.py --device gpu (beam 4) on the test set with BLEU;
+# 5. mpirun -n 2 with CuPy (when mpirun and mpi4py are there): the GPU collectives checked
+#    against host sums (tests/mpi_scripts/gpu_check.py), then train.py on two ranks for 45 s.
 # Each stage has its own time limit, so a hang in one still leaves the others' figures.
 # "quick" runs fewer benchmark steps (for a first look); "full" (default) the whole thing.
 set -uo pipefail
@@ -79,5 +81,20 @@ tail -n 3 "$OUT/train_gpu.log"; cat "$OUT/train_gpu.json"
 timeout 90 $PY translate.py --model "$RUN" --device gpu --precision bf16 --beam 4 \
     --input data/ende/test.en --reference data/ende/test.de --output "$OUT/test_hyp.de" \
     2>&1 | tail -n 2 | tee "$OUT/translate_gpu.log"
+
+stage "mpirun -n 2 with CuPy (both ranks on this node's GPUs; NCCL only with a GPU per rank)"
+if $PY -c "import mpi4py" 2>/dev/null && command -v mpirun > /dev/null; then
+    MPIRUN=$($PY -c "from tinytf import distributed; print(' '.join(distributed.mpirun_command(2, [])))")
+    timeout 100 $MPIRUN $PY tests/mpi_scripts/gpu_check.py 2>&1 | tail -n 12 | tee "$OUT/mpi_gpu.log"
+    echo "exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/mpi_gpu.log"
+    rm -rf /tmp/tinytf_mpi_run
+    timeout 150 $MPIRUN $PY train.py --device gpu --precision bf16 --config tiny \
+        --max-tokens 4096 --warmup 400 --lr-factor 0.3 --max-minutes 0.75 --log-interval 100 \
+        --set valid_bleu_sentences=100 --out /tmp/tinytf_mpi_run \
+        > "$OUT/train_mpi.json" 2> "$OUT/train_mpi.log"
+    echo "exit status: $?"; tail -n 4 "$OUT/train_mpi.log"; cat "$OUT/train_mpi.json"
+else
+    echo "skipped: no mpirun or mpi4py on this machine" | tee "$OUT/mpi_gpu.log"
+fi
 
 stage "done"
