@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(16-bit products, float32 master weights; fp16 with dynamic loss "
                         "scaling). On the CPU bf16 is emulated: right numerics, no speed-up "
                         f"(default: {d.precision})")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="with --device gpu: replay each step's forward and backward as a CUDA "
+                        "graph, one per padded batch shape (no launch cost per op; batches "
+                        "padded to lengths in multiples of 8; not with fp16)")
     p.add_argument("--log-interval", type=int, default=d.log_interval, metavar="N",
                    help=f"steps per log line (default: {d.log_interval})")
     p.add_argument("--save-interval", type=int, metavar="N", help="steps between checkpoints")
@@ -91,7 +95,7 @@ def config_from_args(args) -> TrainConfig:
         max_tokens=args.max_tokens, update_freq=args.update_freq, max_steps=args.max_steps,
         max_minutes=args.max_minutes, warmup=args.warmup, lr_factor=args.lr_factor,
         vocab_size=args.vocab_size, seed=args.seed, resume=args.resume, device=args.device,
-        precision=args.precision,
+        precision=args.precision, cuda_graph=args.cuda_graph,
         log_interval=args.log_interval, save_interval=args.save_interval,
         valid_interval=args.valid_interval, keep_last=args.keep_last, clip_norm=args.clip_norm)
     cfg = apply_overrides(cfg, args.set)

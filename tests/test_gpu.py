@@ -237,6 +237,49 @@ def test_captured_steps_draw_new_dropout_masks_and_train():
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
 
 
+def test_captured_step_graphs_of_several_shapes_share_a_pool_and_match_eager():
+    """StepGraphs (train.py --cuda-graph): batches of three shapes, each padded and replayed
+    from its own graph in one shared memory pool, in an interleaved order, give the
+    unpadded eager batch's loss and gradients."""
+    from tinytf.cuda_graph import StepGraphs
+    from tinytf.data import Batch
+    from tinytf.transformer import label_smoothed_loss
+    tinytf.manual_seed(0)
+    model = Transformer(small_config(dropout=0.0)).to("gpu").train()
+    opt = Adam(model.named_parameters(), lr=1e-3)
+    g = np.random.default_rng(5)
+
+    def make(b, s, t):
+        src = g.integers(4, V, (b, s))
+        tgt = g.integers(4, V, (b, t + 1))
+        src[:, -1] = 0
+        tgt[:, -1] = 0
+        return Batch(src, tgt[:, :-1], tgt[:, 1:].copy(), int((src != 0).sum()),
+                     int((tgt[:, 1:] != 0).sum()), np.arange(b))
+
+    def loss_fn(src, tgt_in, tgt_out):
+        with amp.autocast("float32"):
+            return label_smoothed_loss(model(src, tgt_in), tgt_out, count=0)[0]
+
+    def eager(batch):
+        opt.zero_grad()
+        loss = loss_fn(*(cp.asarray(a) for a in (batch.src, batch.tgt_in, batch.tgt_out)))
+        loss.backward()
+        return float(loss.item()), opt._flat.grad.copy()
+    batches = [make(5, 7, 6), make(12, 3, 4), make(5, 6, 5), make(30, 9, 9)]
+    eager(batches[0])
+    opt.step()
+    graphs = StepGraphs(loss_fn, opt, "gpu")
+    for batch in batches + batches[::-1]:
+        ref_loss, ref_grad = eager(batch)
+        opt.zero_grad()
+        loss = float(graphs.run(batch, seed=11).item())
+        assert loss == pytest.approx(ref_loss, rel=1e-4)
+        diff = float(cp.linalg.norm(opt._flat.grad - ref_grad) / cp.linalg.norm(ref_grad))
+        assert diff < 1e-4, diff
+    assert graphs.captures == 3 and len({id(e[0].pool) for e in graphs.graphs.values()}) == 1
+
+
 def test_pinned_staging_copies_batches_exactly():
     # Two pinned buffers for twelve arrays: every reuse waits for the copy before it.
     staging = backend.PinnedStaging(slots=2)

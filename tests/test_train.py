@@ -14,29 +14,11 @@ from tinytf import checkpoint, trainer
 from tinytf.trainer import TrainConfig, TrainError, apply_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHIPPED = os.path.join(ROOT, "data", "ende")
 
 # A model small enough that a step takes milliseconds; dropout stays on, so resuming must
 # also reproduce the dropout masks.
 TINY = ["d_model=16", "n_heads=2", "d_ff=32", "n_encoder_layers=1", "n_decoder_layers=1",
         "dropout=0.1", "max_len=64", "train_max_len=40", "valid_bleu_sentences=4"]
-
-
-def _head(src, dst, n):
-    with open(src, encoding="utf-8") as f:
-        lines = [next(f) for _ in range(n)]
-    with open(dst, "w", encoding="utf-8") as f:
-        f.writelines(lines)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """The first 120 training and 6 dev pairs of the shipped corpus."""
-    d = tmp_path_factory.mktemp("data")
-    for lang in ("en", "de"):
-        _head(os.path.join(SHIPPED, f"train.{lang}"), d / f"train.{lang}", 120)
-        _head(os.path.join(SHIPPED, f"dev.{lang}"), d / f"dev.{lang}", 6)
-    return str(d)
 
 
 def _config(data_dir, out, **kw):

@@ -41,6 +41,10 @@ which runs have been made).
 """
 from __future__ import annotations
 
+import collections
+
+import numpy as np
+
 from . import backend
 from .kernels import gemm
 
@@ -55,11 +59,13 @@ class CapturedStep:  # pragma: no cover - needs a GPU
     (tensors whose arrays the graph rewrites on every replay).
     """
 
-    def __init__(self, fn, params=(), warmup: int = 2):
+    def __init__(self, fn, params=(), warmup: int = 2, pool=None):
         cupy = backend.array_module("gpu")
         self.fn, self.params = fn, list(params)
         self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.pool = cupy.cuda.MemoryPool()
+        # ``pool``: a CuPy MemoryPool shared with other graphs that are never replayed at
+        # the same time (see StepGraphs); by default one of its own.
+        self.pool = pool if pool is not None else cupy.cuda.MemoryPool()
         outer = cupy.cuda.get_current_stream()
         self.stream.wait_event(outer.record())
         with cupy.cuda.using_allocator(self.pool.malloc), self.stream:
@@ -90,15 +96,151 @@ class CapturedStep:  # pragma: no cover - needs a GPU
         for p in self.params:
             p.grad = None
 
-    def __call__(self):
-        """Replay the step (new dropout masks); the current stream waits for it."""
+    def __call__(self, seed: int | None = None):
+        """Replay the step; the current stream waits for it. Dropout draws new masks: from
+        ``seed`` if given (reproducible), else from the previous seed plus one."""
         cupy = backend.array_module("gpu")
         outer = cupy.cuda.get_current_stream()
         self.stream.wait_event(outer.record())      # inputs written, last update done
         with self.stream:
-            self.rng.advance()
+            if seed is None:
+                self.rng.advance()
+            else:
+                self.rng.seed.fill(seed % 2 ** 64)
             self.graph.launch(self.stream)
         outer.wait_event(self.stream.record())      # the optimizer runs after the graph
         for p, g in zip(self.params, self.grads):
             p.grad = g
         return self.result
+
+
+# --------------------------------------------------------------------------------------
+# Training steps of varying batch shapes: one graph per padded shape (train.py --cuda-graph)
+# --------------------------------------------------------------------------------------
+
+def bucket_shape(b: int, s: int, t: int, multiple: int = 8) -> tuple:
+    """The padded (rows, source length, target length) that a (b, s, t) batch runs at.
+
+    Lengths round up to a multiple of ``multiple``; rows round up to one of 8 sizes per
+    octave (b in [2^k, 2^(k+1)) to a multiple of 2^(k-3)), at most 12.5 % padding rows.
+    Length-grouped batches then fall on a few dozen shapes, each captured once.
+    """
+    def up(n, m):
+        return -(-n // m) * m
+    step = 1 << max(0, int(b).bit_length() - 4)
+    return up(b, step), up(s, multiple), up(t, multiple)
+
+
+def pad_batch(batch, shape, pad_id: int = 0) -> tuple:
+    """(src, tgt_in, tgt_out) of ``batch`` padded with ``pad_id`` to ``shape`` (B, S, T).
+
+    Padded rows and positions are PAD everywhere: masked as keys, ignored by the loss, so
+    the loss and the gradients equal those of the unpadded batch (up to the order of float
+    additions)."""
+    rows, s, t = shape
+    out = []
+    for a, length in ((batch.src, s), (batch.tgt_in, t), (batch.tgt_out, t)):
+        if a.shape[0] > rows or a.shape[1] > length:
+            raise ValueError(f"pad_batch: a {a.shape} array does not fit {(rows, length)}")
+        padded = np.full((rows, length), pad_id, dtype=a.dtype)
+        padded[:a.shape[0], :a.shape[1]] = a
+        out.append(padded)
+    return tuple(out)
+
+
+class EagerReplay:
+    """:class:`CapturedStep`'s interface without a GPU: each call simply runs ``fn``.
+
+    What the CPU tests use in place of a graph, so that :class:`StepGraphs` (padding,
+    fixed input arrays, gradient slots, accumulation, invalidation) is tested without
+    CUDA. ``seed`` reseeds tinytf's generators (CPU dropout draws from them)."""
+
+    def __init__(self, fn, params=(), warmup: int = 2, pool=None):
+        self.fn, self.params = fn, list(params)
+
+    def __call__(self, seed: int | None = None):
+        if seed is not None:
+            backend.manual_seed(seed)
+        for p in self.params:
+            p.grad = None
+        return self.fn()
+
+
+class StepGraphs:
+    """Forward and backward of a training step, replayed as one CUDA graph per batch shape.
+
+    ``loss_fn(src, tgt_in, tgt_out)`` returns the summed loss Tensor of a batch given as
+    device arrays. Each batch is padded to :func:`bucket_shape` and copied into that
+    shape's fixed input arrays; the first batch of a shape captures its graph (two
+    ordinary runs first, then the capture, a few steps' time), every later one replays it.
+    All graphs share one memory pool: they are replayed one at a time, and what a replay
+    returns (the loss) is used before the next replay, so their scratch memory can be the
+    same (PyTorch's shared graph pools). At most ``max_graphs`` are kept (least recently
+    used dropped).
+
+    The gradients land in the optimizer's flat gradient buffer (``optim.FlatParameters``),
+    which must exist before the first capture (one ordinary step builds it): :meth:`ready`.
+    If that buffer or the parameters' arrays are replaced later (``load_state_dict``), the
+    graphs would write and read the old addresses; :meth:`run` notices and recaptures.
+
+    ``capture``: the graph class, :class:`CapturedStep` (default, CuPy) or
+    :class:`EagerReplay` (tests on the CPU). Capturing reseeds tinytf's generators
+    (``manual_seed(0)``), so that a graph's dropout depends only on the seeds of its replays.
+    """
+
+    def __init__(self, loss_fn, optimizer, device: str, *, capture=None,
+                 max_graphs: int = 32, multiple: int = 8, pad_id: int = 0):
+        self.loss_fn, self.optimizer, self.device = loss_fn, optimizer, device
+        self.capture = capture or CapturedStep
+        self.max_graphs, self.multiple, self.pad_id = int(max_graphs), int(multiple), pad_id
+        self.graphs = collections.OrderedDict()   # shape -> (graph, inputs)
+        self.pool = None
+        self.flat = None            # the FlatParameters the graphs were captured with
+        self.captures = 0
+
+    def ready(self) -> bool:
+        """Whether the optimizer's flat buffers exist and hold the parameters."""
+        flat = getattr(self.optimizer, "_flat", None)
+        return flat is not None and flat.linked(flat.params)
+
+    def run(self, batch, seed: int | None = None):
+        """Forward and backward of ``batch`` (a ``data.Batch``); returns the loss Tensor.
+
+        Afterwards every parameter's ``.grad`` is its slot of the flat gradient buffer,
+        holding this batch's gradient (not accumulated: see the trainer). The returned
+        loss lives in the graphs' shared memory: read or copy it before the next call.
+        """
+        flat = self.optimizer._flat
+        if flat is not self.flat:          # a new buffer: graphs captured on the old are void
+            self.graphs.clear()
+            self.flat = flat
+        shape = bucket_shape(len(batch.src), batch.src.shape[1], batch.tgt_in.shape[1],
+                             self.multiple)
+        entry = self.graphs.pop(shape, None)
+        padded = pad_batch(batch, shape, self.pad_id)
+        if entry is None:
+            inputs = tuple(backend.to_device(a, self.device) for a in padded)
+            entry = (self._capture(inputs), inputs)
+        else:
+            for static, host in zip(entry[1], padded):
+                static[...] = backend.to_device_pinned(host, self.device)
+        self.graphs[shape] = entry                    # most recently used last
+        while len(self.graphs) > self.max_graphs:
+            self.graphs.popitem(last=False)
+        return entry[0](seed)
+
+    def _capture(self, inputs):
+        src, tgt_in, tgt_out = inputs
+
+        def forward_backward():
+            loss = self.loss_fn(src, tgt_in, tgt_out)
+            loss.backward()
+            return loss
+        if self.pool is None and self.capture is CapturedStep:  # pragma: no cover - GPU
+            self.pool = backend.array_module("gpu").cuda.MemoryPool()
+        # A fresh random stream: the dropout offsets baked into the graph are then the same
+        # whenever it is captured (after a resume too), and its masks depend on the seed
+        # given to each replay alone. (This reseeds tinytf; the trainer reseeds every step.)
+        backend.manual_seed(0)
+        self.captures += 1
+        return self.capture(forward_backward, list(self.flat.params), pool=self.pool)

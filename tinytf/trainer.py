@@ -38,6 +38,7 @@ import numpy as np
 
 from . import amp, backend, checkpoint, distributed
 from .bpe import BOS_ID, BPE, EOS_ID, PAD_ID
+from .cuda_graph import StepGraphs
 from .data import BatchIterator, ParallelCorpus, read_parallel
 from .optim import Adam, clip_grad_norm, grad_norm, noam_lr
 from .search import greedy_search
@@ -84,6 +85,7 @@ class TrainConfig:
     resume: bool = False
     device: str = "cpu"
     precision: str = "float32"        # float32 | tf32 | bf16 | fp16 (tinytf.amp)
+    cuda_graph: bool = False          # replay steps as CUDA graphs (GPU; cuda_graph.StepGraphs)
     log_interval: int = 10
     save_interval: int | None = None  # steps between checkpoints
     valid_interval: int | None = None  # steps between validations (default: save_interval)
@@ -134,6 +136,11 @@ class TrainConfig:
         if self.precision not in amp.PRECISIONS:
             raise TrainError(f"--precision {self.precision!r}: choose from "
                              f"{', '.join(amp.PRECISIONS)}")
+        if self.cuda_graph and self.device != "gpu":
+            raise TrainError("--cuda-graph replays steps as CUDA graphs: it needs --device gpu")
+        if self.cuda_graph and self.precision == "fp16":
+            raise TrainError("--cuda-graph with --precision fp16: the loss scale changes "
+                             "between steps and a graph would keep the first; use bf16")
         positive = ("max_tokens", "update_freq", "warmup", "vocab_size", "log_interval",
                     "save_interval", "valid_interval", "train_max_len", "max_bad_steps")
         for key in positive:
@@ -409,6 +416,11 @@ class Trainer:
         # policy; a loss scaler only for fp16 (a pass-through otherwise).
         self.policy = amp.Policy(cfg.precision)
         self.scaler = amp.DynamicLossScaler(enabled=self.policy.loss_scaling)
+        # --cuda-graph: forward and backward replayed as one CUDA graph per padded batch
+        # shape (docs/gpu.md); the first step, which builds Adam's flat buffers, is eager.
+        self.graphs = StepGraphs(self._graph_loss, self.optimizer, self.device) \
+            if cfg.cuda_graph else None
+        self._grad_sum = None   # gradient accumulation across graph replays (update_freq > 1)
 
         self.train_data = ParallelCorpus(train_src, train_tgt, self.bpe, cfg.train_max_len,
                                          name=f"{paths['train'][0]} / {paths['train'][1]}")
@@ -515,7 +527,8 @@ class Trainer:
             f"{cfg.config} (d_model {mc.d_model}, {mc.n_encoder_layers}+{mc.n_decoder_layers} "
             f"layers, {self.model.num_parameters():,} parameters) on {self.comm.size} "
             f"process{'es' if self.comm.size > 1 else ''}, device {self.device}, "
-            f"precision {self.policy.name}")
+            f"precision {self.policy.name}"
+            f"{', CUDA graphs (one per padded batch shape)' if self.graphs else ''}")
         self.log.info(
             f"data: {len(data):,} training pairs ({data.n_skipped_long} longer than "
             f"{cfg.train_max_len} tokens and {data.n_skipped_empty} with an empty side "
@@ -547,21 +560,14 @@ class Trainer:
         reads two numbers back to the host, the gradient norm and then the loss, and waits
         for the GPU once.
         """
-        backend.manual_seed(_step_seed(self.cfg.seed, self.comm.rank, self.step + 1))
+        seed = _step_seed(self.cfg.seed, self.comm.rank, self.step + 1)
+        backend.manual_seed(seed)
         self.model.train()
-        loss_sum, tokens = None, 0
         with amp.autocast(self.policy):
-            for batch in batches:
-                # All three arrays go to the device first, through pinned memory on a GPU
-                # (asynchronous copies); the token count is the batch's, from the host.
-                src, tgt_in, tgt_out = (backend.to_device_pinned(a, self.device)
-                                        for a in (batch.src, batch.tgt_in, batch.tgt_out))
-                logits = self.model(src, tgt_in)
-                loss, n = label_smoothed_loss(logits, tgt_out, count=batch.n_tgt_tokens,
-                                              eps=self.model_cfg.label_smoothing)
-                self.scaler.scale_loss(loss).backward()
-                loss_sum = loss.data if loss_sum is None else loss_sum + loss.data
-                tokens += n
+            if self.graphs is not None and self.graphs.ready():
+                loss_sum, tokens = self._replay_batches(batches, seed)
+            else:
+                loss_sum, tokens = self._run_batches(batches)
             # The token count is known on the host; the loss is read after the gradient
             # norm, whose read waits for the GPU anyway, so the step stalls only once.
             tokens = self.comm.allreduce_scalars(float(tokens))
@@ -597,6 +603,64 @@ class Trainer:
             self.optimizer.zero_grad()
         self.step += 1
         return result
+
+    def _run_batches(self, batches) -> tuple:
+        """Forward and backward of ``batches``, gradients summed in ``.grad``: (summed loss
+        as a device array, target tokens)."""
+        loss_sum, tokens = None, 0
+        for batch in batches:
+            # All three arrays go to the device first, through pinned memory on a GPU
+            # (asynchronous copies); the token count is the batch's, from the host.
+            src, tgt_in, tgt_out = (backend.to_device_pinned(a, self.device)
+                                    for a in (batch.src, batch.tgt_in, batch.tgt_out))
+            logits = self.model(src, tgt_in)
+            loss, n = label_smoothed_loss(logits, tgt_out, count=batch.n_tgt_tokens,
+                                          eps=self.model_cfg.label_smoothing)
+            self.scaler.scale_loss(loss).backward()
+            loss_sum = loss.data if loss_sum is None else loss_sum + loss.data
+            tokens += n
+        return loss_sum, tokens
+
+    def _graph_loss(self, src, tgt_in, tgt_out):
+        """The summed loss of one (padded) batch on device arrays: what a graph captures."""
+        logits = self.model(src, tgt_in)
+        return label_smoothed_loss(logits, tgt_out, count=0,
+                                   eps=self.model_cfg.label_smoothing)[0]
+
+    def _replay_batches(self, batches, seed: int) -> tuple:
+        """:meth:`_run_batches` through the CUDA graphs (``--cuda-graph``).
+
+        Each replay writes its batch's gradient over the flat gradient buffer, so with
+        several batches per update they are summed in a second buffer and copied back.
+        Dropout is seeded per batch from the step's seed. If a capture fails, the run goes
+        on without graphs (with a log line saying why).
+        """
+        loss_sum, tokens = None, 0
+        for k, batch in enumerate(batches):
+            try:
+                loss = self.graphs.run(batch, seed=seed * 1_000_003 + k)
+            except Exception as e:  # noqa: BLE001 - any capture failure: fall back, say why
+                self.log.info(f"--cuda-graph: capturing the step failed ({type(e).__name__}: "
+                              f"{e}); training continues without CUDA graphs")
+                self.graphs = None
+                self.optimizer.zero_grad()
+                backend.manual_seed(seed)
+                return self._run_batches(batches)
+            flat_grad = self.optimizer._flat.grad
+            if len(batches) > 1:
+                if k == 0:
+                    if self._grad_sum is None or self._grad_sum.shape != flat_grad.shape:
+                        self._grad_sum = backend.get_array_module(flat_grad).empty_like(
+                            flat_grad)
+                    self._grad_sum[...] = flat_grad
+                else:
+                    self._grad_sum += flat_grad
+            # The loss lives in the graphs' shared memory: copy it before the next replay.
+            loss_sum = loss.data.copy() if loss_sum is None else loss_sum + loss.data
+            tokens += batch.n_tgt_tokens
+        if len(batches) > 1:
+            self.optimizer._flat.grad[...] = self._grad_sum
+        return loss_sum, tokens
 
     # ---- validation and checkpoints ----------------------------------------------------
 
@@ -717,6 +781,8 @@ class Trainer:
                    "skipped_steps": self.skipped, "ranks": comm.size,
                    "precision": self.policy.name,
                    "parameters": self.model.num_parameters(), "run_dir": self.run_dir}
+        if self.cfg.cuda_graph:   # graphs captured (0 if capturing failed at once)
+            summary["cuda_graphs"] = self.graphs.captures if self.graphs else 0
         if self.root:
             summary.update(self._finish(saved_step))
         comm.barrier()

@@ -322,6 +322,7 @@ def capturing(stream, workspace_bytes: int = 32 << 20):  # pragma: no cover - GP
 
     Sets the handle's stream and a workspace of its own (cuBLAS must not allocate while
     a graph is captured); yields the workspace, which must live as long as the graph.
+    On exit the handle is back on cuBLAS's default workspace.
     """
     global _capture
     cupy = backend.array_module("gpu")
@@ -337,6 +338,10 @@ def capturing(stream, workspace_bytes: int = 32 << 20):  # pragma: no cover - GP
         yield workspace
     finally:
         _capture = None
+        # cublasSetStream also puts the handle back on cuBLAS's own workspace: later calls
+        # must not use this one, which is freed with the graph (CuPy sets the stream
+        # before each of its calls as well).
+        c.check(c.set_stream(handle, cupy.cuda.get_current_stream().ptr), "cublasSetStream")
 
 
 def _gemm(p: Plan, first, second, out, ctype, out_ctype=None,
