@@ -490,13 +490,24 @@ class MPICommunicator(Communicator):
         """
         named = _named_parameters(model)
         plan = self._plan(named)
+        transport = self._transport(plan.xp)
         worst = 0.0
-        for bucket in plan.buckets:
-            params = [p for _, p in named[bucket.start:bucket.stop]]
-            mine = bucket.pack([p.data for p in params]).copy()
-            self._transport(plan.xp).bcast(bucket.buffer, 0)
+        if plan.flat is not None:      # root's chunks into copies, compared with ours
+            pairs = []
+            for chunk in plan.chunks(plan.flat.data):
+                root_values = chunk.copy()
+                transport.bcast(root_values, 0)
+                pairs.append((chunk, root_values))
+        else:
+            pairs = []
+            for bucket in plan.buckets:
+                params = [p for _, p in named[bucket.start:bucket.stop]]
+                mine = bucket.pack([p.data for p in params]).copy()
+                transport.bcast(bucket.buffer, 0)
+                pairs.append((mine, bucket.buffer))
+        for mine, root_values in pairs:
             if mine.size:
-                worst = max(worst, float(abs(mine - bucket.buffer).max()))
+                worst = max(worst, float(abs(mine - root_values).max()))
         return self.allreduce_scalars(worst, op="max")
 
     # ----- plumbing --------------------------------------------------------------------

@@ -640,8 +640,9 @@ class Trainer:
             try:
                 loss = self.graphs.run(batch, seed=seed * 1_000_003 + k)
             except Exception as e:  # noqa: BLE001 - any capture failure: fall back, say why
-                self.log.info(f"--cuda-graph: capturing the step failed ({type(e).__name__}: "
-                              f"{e}); training continues without CUDA graphs")
+                self.log.info(f"--cuda-graph: capturing or replaying the step failed "
+                              f"({type(e).__name__}: {e}); training continues without CUDA "
+                              "graphs")
                 self.graphs = None
                 self.optimizer.zero_grad()
                 backend.manual_seed(seed)

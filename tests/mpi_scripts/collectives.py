@@ -88,12 +88,16 @@ def main() -> None:
             assert p.grad is p._grad_buffer, name              # still the buffer's slot
             np.testing.assert_array_equal(p.grad, expected[name], err_msg=name)
     assert not np.shares_memory(outside, flat.grad) and (outside == 7.0 * (r + 1)).all()
-    # Broadcast in place: rank 0's values, the parameters still views of the buffer.
+    # Broadcast in place: rank 0's values, the parameters still views of the buffer;
+    # the divergence compares the flat buffers without changing them.
     for p in flat_params.values():
         p.data[...] = 10 * (r + 1)
+    assert small.param_divergence(list(flat_params.items())) == 10.0
+    assert all((p.data == 10 * (r + 1)).all() for p in flat_params.values())
     small.broadcast_params(list(flat_params.items()))
     assert all((p.data == 10).all() for p in flat_params.values())
     assert flat.linked(flat.params)
+    assert small.param_divergence(list(flat_params.items())) == 0.0
     # The GPU transport "auto": NCCL only if every rank can use it; all ranks agree.
     choice = distributed.MPICommunicator(comm.comm, gpu_transport="auto")._resolve_auto()
     code = ["host", "nccl"].index(choice)
