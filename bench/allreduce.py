@@ -21,6 +21,7 @@ Figures and the machine they came from go to docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -51,6 +52,17 @@ def fake_batch(rng, vocab: int, tokens: int, length: int = 20):
     return src, tgt
 
 
+def median_ms(comm, call, reps: int) -> float:
+    """Median milliseconds of ``reps`` calls of ``call``, the ranks lined up before each."""
+    times = []
+    for _ in range(reps):
+        comm.barrier()
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return 1e3 * float(np.median(times))
+
+
 def worker(args) -> dict:
     """Run under mpirun: time the all-reduce and the training step on this communicator."""
     comm = distributed.init()
@@ -62,38 +74,23 @@ def worker(args) -> dict:
     for _, p in base.named_parameters():
         p.grad = np.ones(p.shape, dtype=np.float32)
     comm.allreduce_grads(base)                      # warm-up: plans, buffers, connections
-    times = []
-    for _ in range(args.reduce_reps):
-        comm.barrier()
-        start = time.perf_counter()
-        comm.allreduce_grads(base)
-        times.append(time.perf_counter() - start)
     out["base_params"] = base.num_parameters()
-    out["base_allreduce_ms"] = 1e3 * float(np.median(times))
+    reduce_base = functools.partial(comm.allreduce_grads, base)
+    out["base_allreduce_ms"] = median_ms(comm, reduce_base, args.reduce_reps)
     # The same gradients in Adam's flat buffer (what train.py has): summed in place.
     optim.Adam(base.named_parameters(), lr=0.0).step()   # builds the flat buffers
     comm.allreduce_grads(base)
-    times = []
-    for _ in range(args.reduce_reps):
-        comm.barrier()
-        start = time.perf_counter()
-        comm.allreduce_grads(base)
-        times.append(time.perf_counter() - start)
-    out["base_flat_allreduce_ms"] = 1e3 * float(np.median(times))
-    if comm.size > 1:  # the MPI call alone on one buffer of the same size: the rest is packing
+    out["base_flat_allreduce_ms"] = median_ms(comm, reduce_base, args.reduce_reps)
+    if comm.size > 1:  # the MPI call alone on one buffer of the same size
         from mpi4py import MPI  # noqa: PLC0415
         flat = np.ones(base.num_parameters(), dtype=np.float32)
-        times = []
-        for _ in range(args.reduce_reps):
-            comm.barrier()
-            start = time.perf_counter()
-            comm.comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
-            times.append(time.perf_counter() - start)
-        out["base_mpi_only_ms"] = 1e3 * float(np.median(times))
+        out["base_mpi_only_ms"] = median_ms(
+            comm, functools.partial(comm.comm.Allreduce, MPI.IN_PLACE, flat, op=MPI.SUM),
+            args.reduce_reps)
         del flat
     out["base_bytes"] = comm._plan(base.named_parameters()).nbytes if comm.size > 1 else \
         4 * base.num_parameters()
-    del base
+    del base, reduce_base
 
     # 2. Training steps of the benchmark preset, each rank on its own tokens.
     tinytf.manual_seed(0)
