@@ -237,7 +237,11 @@ class StepGraphs:
             loss.backward()
             return loss
         if self.pool is None and self.capture is CapturedStep:  # pragma: no cover - GPU
-            self.pool = backend.array_module("gpu").cuda.MemoryPool()
+            cupy = backend.array_module("gpu")
+            # The eager steps' activations sit cached in CuPy's default pool; from now on
+            # training allocates from the graphs' pool, so give that memory back first.
+            cupy.get_default_memory_pool().free_all_blocks()
+            self.pool = cupy.cuda.MemoryPool()
         # A fresh random stream: the dropout offsets baked into the graph are then the same
         # whenever it is captured (after a resume too), and its masks depend on the seed
         # given to each replay alone. (This reseeds tinytf; the trainer reseeds every step.)
