@@ -344,6 +344,43 @@ def test_add_bias_matches_numpy(on_cpu, kind, relu):
 
 
 @needs_cxx
+def test_a_transformer_step_through_the_kernel_source_equals_the_numpy_step(on_cpu):
+    """The whole model with every fused kernel in place (the CUDA source run on the CPU):
+    softmax with the padding and causal masks, layer norm, the linear layers' bias (and
+    the FFN's bias + ReLU), cross-entropy, the column sums of the bias and layer-norm
+    gradients. Loss and every parameter gradient equal the NumPy ops'. (Dropout is off:
+    the kernel draws other random numbers than NumPy; it has tests of its own here.)"""
+    from tinytf.transformer import Transformer, TransformerConfig, label_smoothed_loss
+    cfg = TransformerConfig.preset("tiny", d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2,
+                                   n_decoder_layers=2, vocab_size=61, dropout=0.0)
+    g = np.random.default_rng(4)
+    src, tgt = g.integers(4, 61, (3, 7)), g.integers(4, 61, (3, 6))
+    src[1, 4:] = 0
+    tgt[2, 3:] = 0
+    runs = []
+    for fused in (False, True):
+        kernels.set_enabled(fused)
+        try:
+            tinytf.manual_seed(0)
+            model = Transformer(cfg).train()
+            before = dict(kernels.calls)
+            loss, _ = label_smoothed_loss(model(src, tgt[:, :-1]), tgt[:, 1:])
+            loss.backward()
+            calls = {k: v - before.get(k, 0) for k, v in kernels.calls.items()}
+        finally:
+            kernels.set_enabled(True)
+        runs.append((float(loss.data), {n: p.grad for n, p in model.named_parameters()}, calls))
+    (ref_loss, ref_grads, _), (loss, grads, calls) = runs
+    for name in ("softmax_forward", "softmax_backward", "layer_norm_forward",
+                 "layer_norm_backward", "cross_entropy_forward", "add_bias", "bias_grad",
+                 "relu_backward"):
+        assert calls.get(name, 0) > 0, (name, calls)
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    for name, ref in ref_grads.items():
+        np.testing.assert_allclose(grads[name], ref, rtol=2e-4, atol=2e-6, err_msg=name)
+
+
+@needs_cxx
 @pytest.mark.parametrize("kind", STORAGES)
 def test_dropout_residual_of_another_dtype(on_cpu, kind):
     # A 16-bit sub-layer output plus the float32 residual stream, in one launch: the result
