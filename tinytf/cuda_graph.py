@@ -106,7 +106,7 @@ class CapturedStep:  # pragma: no cover - needs a GPU
             if seed is None:
                 self.rng.advance()
             else:
-                self.rng.seed.fill(seed % 2 ** 64)
+                self.rng.seed.fill(np.uint64(seed % 2 ** 64))
             self.graph.launch(self.stream)
         outer.wait_event(self.stream.record())      # the optimizer runs after the graph
         for p, g in zip(self.params, self.grads):
