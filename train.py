@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cuda-graph", action="store_true",
                    help="with --device gpu: replay each step's forward and backward as a CUDA "
                         "graph, one per padded batch shape (no launch cost per op; batches "
-                        "padded to lengths in multiples of 8; not with fp16)")
+                        "padded to lengths in multiples of 8)")
     p.add_argument("--log-interval", type=int, default=d.log_interval, metavar="N",
                    help=f"steps per log line (default: {d.log_interval})")
     p.add_argument("--save-interval", type=int, metavar="N", help="steps between checkpoints")

@@ -139,7 +139,7 @@ def test_step_graphs_recapture_when_the_flat_buffer_is_rebuilt():
 def _graph_trainer(data_dir, out, capture=EagerReplay, **kw):
     cfg = apply_overrides(_config(data_dir, out, **kw), ["dropout=0.0"])
     t = trainer.Trainer(cfg, log_stream=open(os.devnull, "w"))
-    t.graphs = StepGraphs(t._graph_loss, t.optimizer, t.device, capture=capture)
+    t.graphs = t.make_step_graphs(capture=capture)
     return t
 
 
@@ -159,7 +159,7 @@ def test_trainer_with_step_graphs_follows_the_eager_run(data_dir, tmp_path):
                               ["dropout=0.0"])
         t = trainer.Trainer(cfg, log_stream=open(os.devnull, "w"))
         if name == "graphs":
-            t.graphs = StepGraphs(t._graph_loss, t.optimizer, t.device, capture=EagerReplay)
+            t.graphs = t.make_step_graphs(capture=EagerReplay)
         results, grads, step, adam = [], [], t.train_step, t.optimizer.step
 
         def train_step(batches, step=step, results=results):
@@ -194,9 +194,50 @@ def test_a_failed_capture_falls_back_to_eager_steps(data_dir, tmp_path):
                for m in messages)
 
 
-def test_cuda_graph_needs_a_gpu_and_no_fp16():
+def test_cuda_graph_needs_a_gpu():
     with pytest.raises(TrainError, match="needs --device gpu"):
         TrainConfig(cuda_graph=True).resolved()
-    with pytest.raises(TrainError, match="fp16"):
-        TrainConfig(cuda_graph=True, device="gpu", precision="fp16").resolved()
-    assert TrainConfig(cuda_graph=True, device="gpu", precision="bf16").resolved().cuda_graph
+    for precision in ("bf16", "fp16"):
+        assert TrainConfig(cuda_graph=True, device="gpu", precision=precision).resolved()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # float16 overflow is the point
+def test_fp16_through_step_graphs_follows_the_eager_run(data_dir, tmp_path):
+    """fp16 with --cuda-graph: backward starts from the loss times the scaler's device
+    scalar, which a replay reads afresh, so the overflow-skip-halve pattern and the losses
+    are the eager run's (a graph that kept its capture's scale would overflow for ever)."""
+    runs = {}
+    for name in ("eager", "graphs"):
+        cfg = apply_overrides(_config(data_dir, tmp_path / name, max_steps=4,
+                                      precision="fp16"), ["dropout=0.0"])
+        t = trainer.Trainer(cfg, log_stream=open(os.devnull, "w"))
+        if name == "graphs":
+            t.graphs = t.make_step_graphs(capture=EagerReplay)
+        results, step = [], t.train_step
+
+        def train_step(batches, step=step, results=results):
+            results.append(step(batches))
+            return results[-1]
+        t.train_step = train_step
+        runs[name] = (t.train(), t, results)
+    (s_e, t_e, r_e), (s_g, t_g, r_g) = runs["eager"], runs["graphs"]
+    assert t_g.graphs.captures >= 1 and s_g["steps"] == s_e["steps"] == 4
+    assert [r["overflow"] for r in r_g] == [r["overflow"] for r in r_e]
+    assert any(r["overflow"] for r in r_e) and t_g.scaler.scale == t_e.scaler.scale
+    for a, b in zip(r_e, r_g):
+        if not a["overflow"]:
+            assert b["loss"] == pytest.approx(a["loss"], rel=1e-3)
+
+
+def test_the_device_loss_scale_follows_the_scale():
+    from tinytf import amp
+    from tinytf.tensor import Tensor
+    scaler = amp.DynamicLossScaler(init_scale=8.0)
+    loss = Tensor(np.float32(2.0), requires_grad=True)
+    assert float(scaler.scale_loss(loss, on_device=True).data) == 16.0
+    device_scale = scaler._device_scale
+    scaler.update(found_inf=True)                       # halves S: the scalar follows
+    assert float(device_scale) == 4.0 and scaler._device_scale is device_scale
+    scaler.load_state_dict(dict(scaler.state_dict(), scale=32.0))
+    assert float(device_scale) == 32.0
+    assert amp.DynamicLossScaler(enabled=False).scale_loss(loss, on_device=True) is loss

@@ -271,6 +271,7 @@ class DynamicLossScaler:
                 and init_scale > 0):
             raise ValueError("amp.py: DynamicLossScaler needs growth_factor > 1, "
                              "0 < backoff_factor < 1, growth_interval >= 1, init_scale > 0")
+        self._device_scale = None   # S as a device scalar, for captured graphs (scale_loss)
         self.scale = float(init_scale)
         self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
         self.growth_interval, self.min_scale = int(growth_interval), float(min_scale)
@@ -278,9 +279,33 @@ class DynamicLossScaler:
         self.growth_tracker = 0     # overflow-free steps since the last change of scale
         self.skipped_steps = 0
 
-    def scale_loss(self, loss: Tensor) -> Tensor:
-        """loss * S (the loss itself when disabled)."""
-        return loss * self.scale if self.enabled else loss
+    @property
+    def scale(self) -> float:
+        """The current loss scale S."""
+        return self._scale
+
+    @scale.setter
+    def scale(self, value: float) -> None:
+        self._scale = float(value)
+        if self._device_scale is not None:      # one fill launch; a graph reads it next
+            self._device_scale.fill(self._scale)
+
+    def scale_loss(self, loss: Tensor, on_device: bool = False) -> Tensor:
+        """loss * S (the loss itself when disabled).
+
+        ``on_device``: S is read from a device scalar that the scaler keeps equal to
+        :attr:`scale`, instead of being a constant of the product. A CUDA graph that
+        captures this product then multiplies by each step's S when replayed
+        (``train.py --cuda-graph --precision fp16``).
+        """
+        if not self.enabled:
+            return loss
+        if not on_device:
+            return loss * self.scale
+        xp = backend.get_array_module(loss.data)
+        if self._device_scale is None or backend.get_array_module(self._device_scale) is not xp:
+            self._device_scale = xp.full((), self._scale, dtype=np.float32)
+        return loss * Tensor(self._device_scale)
 
     def unscale_(self, params, extra_factor: float = 1.0) -> bool:
         """Multiply every gradient by extra_factor / S in place; True if any was inf/NaN.

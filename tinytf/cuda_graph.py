@@ -183,14 +183,20 @@ class StepGraphs:
     If that buffer or the parameters' arrays are replaced later (``load_state_dict``), the
     graphs would write and read the old addresses; :meth:`run` notices and recaptures.
 
+    ``scale``: an optional function of the loss that backward starts from instead, such
+    as ``functools.partial(scaler.scale_loss, on_device=True)`` for fp16 (the scale is
+    read from device memory, so each replay uses the current one); the loss returned is
+    the unscaled one.
+
     ``capture``: the graph class, :class:`CapturedStep` (default, CuPy) or
     :class:`EagerReplay` (tests on the CPU). Capturing reseeds tinytf's generators
     (``manual_seed(0)``), so that a graph's dropout depends only on the seeds of its replays.
     """
 
-    def __init__(self, loss_fn, optimizer, device: str, *, capture=None,
+    def __init__(self, loss_fn, optimizer, device: str, *, scale=None, capture=None,
                  max_graphs: int = 32, multiple: int = 8, pad_id: int = 0):
         self.loss_fn, self.optimizer, self.device = loss_fn, optimizer, device
+        self.scale = scale          # loss -> what backward starts from (fp16's loss * S)
         self.capture = capture or CapturedStep
         self.max_graphs, self.multiple, self.pad_id = int(max_graphs), int(multiple), pad_id
         self.graphs = collections.OrderedDict()   # shape -> (graph, inputs)
@@ -234,7 +240,7 @@ class StepGraphs:
 
         def forward_backward():
             loss = self.loss_fn(src, tgt_in, tgt_out)
-            loss.backward()
+            (loss if self.scale is None else self.scale(loss)).backward()
             return loss
         if self.pool is None and self.capture is CapturedStep:  # pragma: no cover - GPU
             cupy = backend.array_module("gpu")

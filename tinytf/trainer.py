@@ -27,6 +27,7 @@ taken collectively so that no rank waits for ever in a collective that the other
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -138,9 +139,6 @@ class TrainConfig:
                              f"{', '.join(amp.PRECISIONS)}")
         if self.cuda_graph and self.device != "gpu":
             raise TrainError("--cuda-graph replays steps as CUDA graphs: it needs --device gpu")
-        if self.cuda_graph and self.precision == "fp16":
-            raise TrainError("--cuda-graph with --precision fp16: the loss scale changes "
-                             "between steps and a graph would keep the first; use bf16")
         positive = ("max_tokens", "update_freq", "warmup", "vocab_size", "log_interval",
                     "save_interval", "valid_interval", "train_max_len", "max_bad_steps")
         for key in positive:
@@ -418,8 +416,7 @@ class Trainer:
         self.scaler = amp.DynamicLossScaler(enabled=self.policy.loss_scaling)
         # --cuda-graph: forward and backward replayed as one CUDA graph per padded batch
         # shape (docs/gpu.md); the first step, which builds Adam's flat buffers, is eager.
-        self.graphs = StepGraphs(self._graph_loss, self.optimizer, self.device) \
-            if cfg.cuda_graph else None
+        self.graphs = self.make_step_graphs() if cfg.cuda_graph else None
         self._grad_sum = None   # gradient accumulation across graph replays (update_freq > 1)
 
         self.train_data = ParallelCorpus(train_src, train_tgt, self.bpe, cfg.train_max_len,
@@ -620,6 +617,14 @@ class Trainer:
             loss_sum = loss.data if loss_sum is None else loss_sum + loss.data
             tokens += n
         return loss_sum, tokens
+
+    def make_step_graphs(self, capture=None) -> StepGraphs:
+        """The :class:`cuda_graph.StepGraphs` of ``--cuda-graph`` (``capture``: the graph
+        class, ``cuda_graph.EagerReplay`` in the CPU tests). fp16: backward starts from
+        loss * S with S read from device memory, so that a replay multiplies by the current
+        scale, not the one of its capture."""
+        return StepGraphs(self._graph_loss, self.optimizer, self.device, capture=capture,
+                          scale=functools.partial(self.scaler.scale_loss, on_device=True))
 
     def _graph_loss(self, src, tgt_in, tgt_out):
         """The summed loss of one (padded) batch on device arrays: what a graph captures."""
