@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU check for tinytf (about 5 minutes on one H200), run from anywhere:
+# One prepared GPU check for tinytf (about 8 minutes on one H200), run from anywhere:
 #   bash bench/gpu_check.sh [quick|full]      # logs and JSON to $OUT (default /tmp/tinytf_gpu_check)
 # 1. environment: GPU, driver, CuPy (and whether it has bfloat16), PyTorch; wheels carried
 #    in .whl/ are installed first (the GPU machine has no network);
@@ -12,12 +12,13 @@
 #    gradients checked against the ordinary step's), the GPU time of one attention call
 #    (graph-replayed), decoding sentences/s, and PyTorch eager on the same GPU;
 # 4. the command-line tools: train.py --device gpu --precision bf16 (tiny) on the shipped
-#    corpus for 75 seconds, eager and then with --cuda-graph, then translate.py --device gpu
+#    corpus for 60 seconds, then 45 seconds with --cuda-graph, then translate.py --device gpu
 #    (beam 4) on the test set with BLEU;
 # 5. mpirun -n 2 with CuPy (when mpirun and mpi4py are there): the GPU collectives checked
-#    against host sums (tests/mpi_scripts/gpu_check.py), then train.py on two ranks for 45 s.
+#    against host sums (tests/mpi_scripts/gpu_check.py), then train.py on two ranks for 30 s.
 # Each stage has its own time limit, so a hang in one still leaves the others' figures.
-# "quick" runs fewer benchmark steps (for a first look); "full" (default) the whole thing.
+# "quick" runs fewer benchmark steps and skips 4b (--cuda-graph) and 5 (mpirun), about 5
+# minutes; "full" (default) the whole thing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-full}
@@ -71,18 +72,18 @@ timeout 330 $PY bench/gpu_train.py "${steps[@]}" --json "$OUT/gpu_train.json" \
     --profile-dir "$OUT" 2>&1 | tee "$OUT/gpu_train.log"
 echo "exit status: ${PIPESTATUS[0]}"
 
-stage "train.py and translate.py on the GPU (shipped corpus, tiny, bf16, 75 s; then --cuda-graph)"
+stage "train.py and translate.py on the GPU (shipped corpus, tiny, bf16, 60 s; then 45 s with --cuda-graph)"
 RUN=/tmp/tinytf_gpu_run
 rm -rf "$RUN" "$RUN-graph"
 TRAIN_ARGS=(--device gpu --precision bf16 --config tiny --max-tokens 4096 --warmup 400
-    --lr-factor 0.3 --max-minutes 1.25 --log-interval 100 --save-interval 500
-    --set valid_bleu_sentences=200)
-timeout 200 $PY train.py "${TRAIN_ARGS[@]}" --out "$RUN" \
+    --lr-factor 0.3 --log-interval 100 --save-interval 500 --set valid_bleu_sentences=200)
+timeout 200 $PY train.py "${TRAIN_ARGS[@]}" --max-minutes 1 --out "$RUN" \
     > "$OUT/train_gpu.json" 2> "$OUT/train_gpu.log"
 echo "exit status: $?"; grep -E "valid|test BLEU|stopped" "$OUT/train_gpu.log" | tail -n 12
 tail -n 3 "$OUT/train_gpu.log"; cat "$OUT/train_gpu.json"
 # The same run with each step replayed as a CUDA graph (one per padded batch shape).
-timeout 200 $PY train.py "${TRAIN_ARGS[@]}" --cuda-graph --out "$RUN-graph" \
+[ "$MODE" = quick ] || timeout 150 $PY train.py "${TRAIN_ARGS[@]}" --max-minutes 0.75 --cuda-graph \
+    --set test_bleu=false --out "$RUN-graph" \
     > "$OUT/train_gpu_graph.json" 2> "$OUT/train_gpu_graph.log"
 echo "exit status: $?"; grep -E "cuda-graph|valid|stopped" "$OUT/train_gpu_graph.log" | tail -n 6
 cat "$OUT/train_gpu_graph.json"
@@ -91,14 +92,16 @@ timeout 90 $PY translate.py --model "$RUN" --device gpu --precision bf16 --beam 
     2>&1 | tail -n 2 | tee "$OUT/translate_gpu.log"
 
 stage "mpirun -n 2 with CuPy (both ranks on this node's GPUs; NCCL only with a GPU per rank)"
-if $PY -c "import mpi4py" 2>/dev/null && command -v mpirun > /dev/null; then
+if [ "$MODE" = quick ]; then
+    echo "skipped in quick mode"
+elif $PY -c "import mpi4py" 2>/dev/null && command -v mpirun > /dev/null; then
     MPIRUN=$($PY -c "from tinytf import distributed; print(' '.join(distributed.mpirun_command(2, [])))")
     timeout 100 $MPIRUN $PY tests/mpi_scripts/gpu_check.py 2>&1 | tail -n 12 | tee "$OUT/mpi_gpu.log"
     echo "exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/mpi_gpu.log"
     rm -rf /tmp/tinytf_mpi_run
-    timeout 150 $MPIRUN $PY train.py --device gpu --precision bf16 --config tiny \
-        --max-tokens 4096 --warmup 400 --lr-factor 0.3 --max-minutes 0.75 --log-interval 100 \
-        --set valid_bleu_sentences=100 --out /tmp/tinytf_mpi_run \
+    timeout 120 $MPIRUN $PY train.py --device gpu --precision bf16 --config tiny \
+        --max-tokens 4096 --warmup 400 --lr-factor 0.3 --max-minutes 0.5 --log-interval 100 \
+        --set valid_bleu_sentences=100 --set test_bleu=false --out /tmp/tinytf_mpi_run \
         > "$OUT/train_mpi.json" 2> "$OUT/train_mpi.log"
     echo "exit status: $?"; tail -n 4 "$OUT/train_mpi.log"; cat "$OUT/train_mpi.json"
 else
