@@ -68,10 +68,11 @@ def test_pad_batch_pads_with_pad_and_checks_the_fit():
         pad_batch(batch, (2, 8, 8))
 
 
-def _model():
+def _model(max_len: int = 61):
     backend.manual_seed(0)
     cfg = TransformerConfig.preset("tiny", d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
-                                   n_decoder_layers=1, vocab_size=50, dropout=0.0)
+                                   n_decoder_layers=1, vocab_size=50, dropout=0.0,
+                                   max_len=max_len)
     return Transformer(cfg).train()
 
 
@@ -115,6 +116,20 @@ def test_step_graphs_equal_the_unpadded_step():
     assert graphs.captures == 3
     assert list(graphs.graphs) == [(3, 8, 8), (18, 16, 8)]        # max_graphs = 2, LRU
     assert bucket_shape(19, 7, 9) == (20, 8, 16)
+
+
+def test_step_graphs_never_pad_beyond_the_models_length():
+    rng = np.random.default_rng(3)
+    model = _model(max_len=61)                   # positions 0..60
+    opt = Adam(model.named_parameters(), lr=1e-3)
+    _eager_grads(model, _batch(rng, 2, 4, 4))
+    opt.step()
+    graphs = StepGraphs(_loss_fn(model), opt, "cpu", capture=EagerReplay, max_len=61)
+    graphs.run(_batch(rng, 2, 58, 60))           # 64 and 64 would not fit: 61 and 61
+    graphs.run(_batch(rng, 2, 30, 20))
+    assert list(graphs.graphs) == [(2, 61, 61), (2, 32, 24)]
+    with pytest.raises(ValueError, match="exceeds max_len"):   # without the cap
+        StepGraphs(_loss_fn(model), opt, "cpu", capture=EagerReplay).run(_batch(rng, 2, 58, 60))
 
 
 def test_step_graphs_recapture_when_the_flat_buffer_is_rebuilt():

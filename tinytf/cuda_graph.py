@@ -188,17 +188,21 @@ class StepGraphs:
     read from device memory, so each replay uses the current one); the loss returned is
     the unscaled one.
 
+    ``max_len``: the longest sequence the model takes; padding never goes beyond it.
+
     ``capture``: the graph class, :class:`CapturedStep` (default, CuPy) or
     :class:`EagerReplay` (tests on the CPU). Capturing reseeds tinytf's generators
     (``manual_seed(0)``), so that a graph's dropout depends only on the seeds of its replays.
     """
 
     def __init__(self, loss_fn, optimizer, device: str, *, scale=None, capture=None,
-                 max_graphs: int = 32, multiple: int = 8, pad_id: int = 0):
+                 max_graphs: int = 32, multiple: int = 8, pad_id: int = 0,
+                 max_len: int | None = None):
         self.loss_fn, self.optimizer, self.device = loss_fn, optimizer, device
         self.scale = scale          # loss -> what backward starts from (fp16's loss * S)
         self.capture = capture or CapturedStep
         self.max_graphs, self.multiple, self.pad_id = int(max_graphs), int(multiple), pad_id
+        self.max_len = max_len      # padded lengths never exceed it (the position table)
         self.graphs = collections.OrderedDict()   # shape -> (graph, inputs)
         self.pool = None
         self.flat = None            # the FlatParameters the graphs were captured with
@@ -220,8 +224,11 @@ class StepGraphs:
         if flat is not self.flat:          # a new buffer: graphs captured on the old are void
             self.graphs.clear()
             self.flat = flat
-        shape = bucket_shape(len(batch.src), batch.src.shape[1], batch.tgt_in.shape[1],
-                             self.multiple)
+        s, t = batch.src.shape[1], batch.tgt_in.shape[1]
+        shape = bucket_shape(len(batch.src), s, t, self.multiple)
+        if self.max_len is not None:    # a batch that fits the model keeps fitting it
+            shape = (shape[0], max(s, min(shape[1], self.max_len)),
+                     max(t, min(shape[2], self.max_len)))
         entry = self.graphs.pop(shape, None)
         padded = pad_batch(batch, shape, self.pad_id)
         if entry is None:

@@ -624,7 +624,8 @@ class Trainer:
         loss * S with S read from device memory, so that a replay multiplies by the current
         scale, not the one of its capture."""
         return StepGraphs(self._graph_loss, self.optimizer, self.device, capture=capture,
-                          scale=functools.partial(self.scaler.scale_loss, on_device=True))
+                          scale=functools.partial(self.scaler.scale_loss, on_device=True),
+                          max_len=self.model_cfg.max_len)
 
     def _graph_loss(self, src, tgt_in, tgt_out):
         """The summed loss of one (padded) batch on device arrays: what a graph captures."""
