@@ -72,20 +72,19 @@ class Linear(Function):
             _add_bias(out, bias, relu)
         elif relu:
             _relu_(out)
-        self.relu_out = out if relu else None    # the gradient passes where it is positive
-        self.save_for_backward(x2, weight)
+        # With the ReLU, its output too: the gradient passes where it is positive.
+        self.save_for_backward(x2, weight, out if relu else None)
         self.in_shape = x.shape
         self.param_dtypes = (self.inputs[1].dtype,
                              self.inputs[2].dtype if len(self.inputs) > 2 else None)
         return out.reshape(*x.shape[:-1], weight.shape[0])
 
     def backward(self, grad):
-        x2, weight = self.saved
+        x2, weight, relu_out = self.saved
         g2 = grad.reshape(-1, weight.shape[0])
-        if self.relu_out is not None:
-            y = self.relu_out
-            g2 = kernels.relu_backward(y, g2) if kernels.fused(y) else g2 * (y > 0)
-            self.relu_out = None
+        if relu_out is not None:
+            g2 = (kernels.relu_backward(relu_out, g2) if kernels.fused(relu_out)
+                  else g2 * (relu_out > 0))
         w_dtype, b_dtype = self.param_dtypes
         mixed = self.compute_dtype is not None
         gx = gw = gb = None
