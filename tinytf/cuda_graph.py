@@ -8,8 +8,8 @@ step does exactly the same work on arrays at the same addresses, which holds her
 
 - the batch has one fixed shape, and new batches are copied into the same input arrays;
 - no step reads a device value on the host (no ``.item()``, no ``int(array)``): use
-  ``F.cross_entropy(..., reduction="sum")`` on device targets, not ``label_smoothed_loss``,
-  which counts the tokens on the host;
+  ``F.cross_entropy(..., reduction="sum")`` on device targets, or ``label_smoothed_loss``
+  with its ``count`` given (without it, it counts the tokens on the host);
 - gradients are written into fixed arrays: ``optim.Adam``'s flat buffers, built by one
   ordinary step before capture;
 - random numbers come from ``backend.counter_stream`` (the fused dropout kernel), whose
@@ -36,8 +36,12 @@ Usage (see ``bench/gpu_train.py --graph``)::
         loss = step()                                     # replay: grads are in p.grad
         opt.step(); opt.zero_grad()
 
-Only on CuPy; verified on a GPU by ``bench/gpu_train.py --graph`` (docs/gpu.md says
-which runs have been made).
+Batches of changing shape (``train.py --cuda-graph``): :class:`StepGraphs` pads each batch
+to one of a few bucket shapes and keeps one graph per shape, all in one memory pool.
+
+Only on CuPy; verified on a GPU by ``bench/gpu_train.py --graph`` and ``tests/test_gpu.py``
+(docs/gpu.md says which runs have been made). :class:`EagerReplay` stands in for a graph in
+the CPU tests.
 """
 from __future__ import annotations
 
