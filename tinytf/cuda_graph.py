@@ -63,7 +63,7 @@ class CapturedStep:  # pragma: no cover - needs a GPU
     (tensors whose arrays the graph rewrites on every replay).
     """
 
-    def __init__(self, fn, params=(), warmup: int = 2, pool=None):
+    def __init__(self, fn, params=(), warmup: int = 2, pool=None, workspace=None):
         cupy = backend.array_module("gpu")
         self.fn, self.params = fn, list(params)
         self.stream = cupy.cuda.Stream(non_blocking=True)
@@ -81,7 +81,8 @@ class CapturedStep:  # pragma: no cover - needs a GPU
             # The dropout seed the captured kernels read: kept here, so that replays advance
             # this very array even if manual_seed later gives tinytf a new stream.
             self.rng = backend.counter_stream(cupy)
-            with gemm.capturing(self.stream) as workspace:
+            # ``workspace``: cuBLAS's, shared like the pool (StepGraphs), else its own.
+            with gemm.capturing(self.stream, workspace=workspace) as workspace:
                 self.workspace = workspace      # the graph's cuBLAS calls use it
                 self.stream.begin_capture()
                 try:
@@ -159,7 +160,7 @@ class EagerReplay:
     fixed input arrays, gradient slots, accumulation, invalidation) is tested without
     CUDA. ``seed`` reseeds tinytf's generators (CPU dropout draws from them)."""
 
-    def __init__(self, fn, params=(), warmup: int = 2, pool=None):
+    def __init__(self, fn, params=(), warmup: int = 2, pool=None, workspace=None):
         self.fn, self.params = fn, list(params)
 
     def __call__(self, seed: int | None = None):
@@ -208,7 +209,7 @@ class StepGraphs:
         self.max_graphs, self.multiple, self.pad_id = int(max_graphs), int(multiple), pad_id
         self.max_len = max_len      # padded lengths never exceed it (the position table)
         self.graphs = collections.OrderedDict()   # shape -> (graph, inputs)
-        self.pool = None
+        self.pool = self.workspace = None   # shared by all graphs (made at the first capture)
         self.flat = None            # the FlatParameters the graphs were captured with
         self.captures = 0
 
@@ -259,9 +260,12 @@ class StepGraphs:
             # training allocates from the graphs' pool, so give that memory back first.
             cupy.get_default_memory_pool().free_all_blocks()
             self.pool = cupy.cuda.MemoryPool()
+            # One cuBLAS workspace for all graphs too (32 MiB each would be 1 GiB at 32).
+            self.workspace = cupy.empty(32 << 20, dtype=np.uint8)
         # A fresh random stream: the dropout offsets baked into the graph are then the same
         # whenever it is captured (after a resume too), and its masks depend on the seed
         # given to each replay alone. (This reseeds tinytf; the trainer reseeds every step.)
         backend.manual_seed(0)
         self.captures += 1
-        return self.capture(forward_backward, list(self.flat.params), pool=self.pool)
+        return self.capture(forward_backward, list(self.flat.params), pool=self.pool,
+                            workspace=self.workspace)

@@ -317,12 +317,15 @@ def _cublas_c() -> _CublasC:  # pragma: no cover - GPU only
 
 
 @contextlib.contextmanager
-def capturing(stream, workspace_bytes: int = 32 << 20):  # pragma: no cover - GPU only
+def capturing(stream, workspace_bytes: int = 32 << 20,
+              workspace=None):  # pragma: no cover - GPU only
     """Inside the block, products go through cuBLAS's C API on ``stream`` (to be captured).
 
     Sets the handle's stream and a workspace of its own (cuBLAS must not allocate while
     a graph is captured); yields the workspace, which must live as long as the graph.
-    On exit the handle is back on cuBLAS's default workspace.
+    ``workspace``: a uint8 device array to use instead of a new one (graphs that are never
+    replayed at the same time can share one). On exit the handle is back on cuBLAS's
+    default workspace.
     """
     global _capture
     cupy = backend.array_module("gpu")
@@ -330,9 +333,10 @@ def capturing(stream, workspace_bytes: int = 32 << 20):  # pragma: no cover - GP
     handle = cupy.cuda.device.get_cublas_handle()   # (loads libcublas if nothing has yet)
     c = _cublas_c()
     cublas.setPointerMode(handle, getattr(cublas, "CUBLAS_POINTER_MODE_HOST", 0))
-    workspace = cupy.empty(workspace_bytes, dtype=np.uint8)
+    if workspace is None:
+        workspace = cupy.empty(workspace_bytes, dtype=np.uint8)
     c.check(c.set_stream(handle, stream.ptr), "cublasSetStream")
-    c.check(c.set_workspace(handle, workspace.data.ptr, workspace_bytes), "cublasSetWorkspace")
+    c.check(c.set_workspace(handle, workspace.data.ptr, workspace.nbytes), "cublasSetWorkspace")
     _capture = (c, handle)
     try:
         yield workspace
