@@ -131,9 +131,15 @@ class ReLU(Function):
         return out
 
     def backward(self, grad):
-        if kernels.fused(self.saved[0]):
-            return kernels.relu_backward(self.saved[0], grad)
-        return grad * (self.saved[0] > 0)
+        return relu_grad(self.saved[0], grad)
+
+
+def relu_grad(y, grad):
+    """ReLU's backward from its output ``y``: ``grad`` where y > 0, else 0 (one fused
+    launch on the GPU). Also used by ``Linear`` with its ReLU."""
+    if kernels.fused(y):
+        return kernels.relu_backward(y, grad)
+    return grad * (y > 0)
 
 
 class Cast(Function):

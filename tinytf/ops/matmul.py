@@ -7,7 +7,7 @@ from .. import amp, kernels
 from ..backend import get_array_module
 from ..kernels import matmul
 from ..tensor import Function
-from .elementwise import sum_to
+from .elementwise import relu_grad, sum_to
 
 
 class MatMul(Function):
@@ -83,8 +83,7 @@ class Linear(Function):
         x2, weight, relu_out = self.saved
         g2 = grad.reshape(-1, weight.shape[0])
         if relu_out is not None:
-            g2 = (kernels.relu_backward(relu_out, g2) if kernels.fused(relu_out)
-                  else g2 * (relu_out > 0))
+            g2 = relu_grad(relu_out, g2)
         w_dtype, b_dtype = self.param_dtypes
         mixed = self.compute_dtype is not None
         gx = gw = gb = None

@@ -138,9 +138,14 @@ class Dropout(Function):
         return x * self.mask
 
     def backward(self, grad):
-        if kernels.fused(grad, self.mask):
-            return kernels.dropout_backward(grad, self.mask)
-        return grad * self.mask
+        return _dropout_grad(grad, self.mask)
+
+
+def _dropout_grad(grad, mask):
+    """Dropout's backward: grad * mask (the scaled keep mask), one launch on the GPU."""
+    if kernels.fused(grad, mask):
+        return kernels.dropout_backward(grad, mask)
+    return grad * mask
 
 
 class DropoutAdd(Function):
@@ -170,10 +175,7 @@ class DropoutAdd(Function):
         return residual + out
 
     def backward(self, grad):
-        gx = None
-        if self.needs_input_grad[0]:
-            gx = kernels.dropout_backward(grad, self.mask) if kernels.fused(grad, self.mask) \
-                else grad * self.mask
+        gx = _dropout_grad(grad, self.mask) if self.needs_input_grad[0] else None
         return gx, grad
 
 
