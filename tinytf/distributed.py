@@ -55,7 +55,7 @@ import zlib
 import numpy as np
 
 from . import backend
-from .optim import flat_gradient
+from .optim import flat_gradient, flat_parameters
 
 BUCKET_BYTES = 25 * 2 ** 20
 """Default size of one packed gradient buffer (PyTorch DDP's default bucket size)."""
@@ -570,13 +570,10 @@ class MPICommunicator(Communicator):
 
 
 def _flat_buffer(named):
-    """The ``optim.FlatParameters`` whose parameters are exactly these, or None."""
-    tensors = [p for _, p in named]
-    flat = getattr(tensors[0], "_flat", None) if tensors else None
-    if (flat is None or len(flat.params) != len(tensors) or not flat.linked(flat.params)
-            or {id(p) for p in tensors} != flat.ids):
-        return None
-    return flat
+    """The ``optim.FlatParameters`` of exactly these parameters while they are still its
+    views, or None (arrays replaced since, by ``load_state_dict``: then they are packed)."""
+    flat = flat_parameters(named)
+    return flat if flat is not None and flat.linked(flat.params) else None
 
 
 def _owns(p) -> bool:

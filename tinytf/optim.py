@@ -116,20 +116,27 @@ class FlatParameters:
         return True
 
 
+def flat_parameters(params):
+    """The :class:`FlatParameters` whose parameters are exactly ``params`` (in any order:
+    the all-reduce sorts them by name), or None. Whether their arrays and gradients are
+    still its views is for the caller to ask (:meth:`FlatParameters.linked`,
+    :meth:`FlatParameters.grads_linked`)."""
+    tensors = [p for _, p in _named(params)]
+    flat = getattr(tensors[0], "_flat", None) if tensors else None
+    if flat is None or len(tensors) != len(flat.params) or {id(p) for p in tensors} != flat.ids:
+        return None
+    return flat
+
+
 def flat_gradient(params):
     """The one flat array holding every gradient of ``params``, or None.
 
     Not None only when ``params`` are exactly the parameters of a :class:`FlatParameters`
-    (in any order: the all-reduce sorts them by name) and every gradient is its view: then
-    a sum or a scaling over all gradients is one operation on this array.
+    (:func:`flat_parameters`) and every gradient is its view: then a sum or a scaling over
+    all gradients is one operation on this array.
     """
-    tensors = [p for _, p in _named(params)]
-    flat = getattr(tensors[0], "_flat", None) if tensors else None
-    if flat is None or len(tensors) != len(flat.params) or not flat.grads_linked():
-        return None
-    if {id(p) for p in tensors} != flat.ids:
-        return None
-    return flat.grad
+    flat = flat_parameters(params)
+    return flat.grad if flat is not None and flat.grads_linked() else None
 
 
 def grad_norm(params) -> float:
