@@ -203,12 +203,8 @@ def matmul(a, b, out_dtype=None, alpha: float = 1.0):
         out_dtype = np.dtype(out_dtype)
     if xp is np:
         if out_dtype is None or out_dtype == np.result_type(a.dtype, b.dtype):
-            out = a @ b
-        else:
-            out = a.astype(out_dtype, copy=False) @ b.astype(out_dtype, copy=False)
-        if alpha != 1.0:
-            out *= alpha
-        return out
+            return _scaled(a @ b, alpha)
+        return _scaled(a.astype(out_dtype, copy=False) @ b.astype(out_dtype, copy=False), alpha)
     if a.dtype != b.dtype:
         # NumPy's promotion (bfloat16 with float32 gives float32), then one cuBLAS call:
         # cupy.matmul itself takes no bfloat16.
@@ -223,10 +219,7 @@ def matmul(a, b, out_dtype=None, alpha: float = 1.0):
             return matmul(a, b, alpha=alpha).astype(out_dtype)
         out_ctype = _cuda_type(out_dtype)
     if ctype is None:   # float64 (gradient checks on the GPU): CuPy's own product
-        out = a @ b
-        if alpha != 1.0:
-            out *= alpha
-        return out
+        return _scaled(a @ b, alpha)
     p = plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)
     for _ in range(2):  # an operand laid out in no way cuBLAS reads is copied, at most both
         if not isinstance(p, tuple):
@@ -239,17 +232,19 @@ def matmul(a, b, out_dtype=None, alpha: float = 1.0):
     result_dtype = a.dtype if out_dtype is None else out_dtype
     if not isinstance(p, Plan):
         if a.dtype.name == "bfloat16":  # cupy.matmul takes no bfloat16: float32, rounded back
-            out = xp.matmul(a.astype(np.float32), b.astype(np.float32))
-            if alpha != 1.0:
-                out *= alpha
+            out = _scaled(xp.matmul(a.astype(np.float32), b.astype(np.float32)), alpha)
             return out.astype(result_dtype)
-        out = xp.matmul(a, b).astype(result_dtype, copy=False)
-        if alpha != 1.0:
-            out *= alpha
-        return out
+        return _scaled(xp.matmul(a, b).astype(result_dtype, copy=False), alpha)
     _runtime.count("matmul")
     out = xp.empty(p.out_shape, dtype=result_dtype)
     _gemm(p, b, a, out, ctype, out_ctype, alpha)
+    return out
+
+
+def _scaled(out, alpha: float):
+    """``out`` times ``alpha``, in place (the products cuBLAS does not scale itself)."""
+    if alpha != 1.0:
+        out *= alpha
     return out
 
 
