@@ -653,7 +653,7 @@ class Trainer:
                 self.optimizer.zero_grad()
                 backend.manual_seed(seed)
                 return self._run_batches(batches)
-            flat_grad = self.optimizer._flat.grad
+            flat_grad = self.graphs.flat.grad         # the buffer the graphs write
             if len(batches) > 1:
                 if k == 0:
                     if self._grad_sum is None or self._grad_sum.shape != flat_grad.shape:
@@ -666,7 +666,7 @@ class Trainer:
             loss_sum = loss.data.copy() if loss_sum is None else loss_sum + loss.data
             tokens += batch.n_tgt_tokens
         if len(batches) > 1:
-            self.optimizer._flat.grad[...] = self._grad_sum
+            flat_grad[...] = self._grad_sum
         return loss_sum, tokens
 
     # ---- validation and checkpoints ----------------------------------------------------
