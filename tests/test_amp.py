@@ -309,3 +309,18 @@ def test_master_weights_keep_updates_that_bf16_weights_lose():
     np.testing.assert_allclose(master, 0.99, rtol=1e-5)
     # The weights a bf16 forward pass then sees are the master's, rounded.
     assert (amp.round_to_bf16(master) < 1.0).all()
+
+
+@pytest.mark.parametrize("found", [True, False])
+@pytest.mark.parametrize("tracker", [0, 2])
+def test_the_device_scale_moves_before_the_host_learns_the_outcome(found, tracker):
+    """update_on_device(flag) sets the device scale to what update(flag) then sets the
+    host's: halved after an overflow, doubled when the clean step ends a growth interval."""
+    scaler = amp.DynamicLossScaler(init_scale=64.0, growth_interval=3)
+    scaler.growth_tracker = tracker
+    scaler.scale_loss(Tensor(np.float32(1.0)), on_device=True)   # creates the device scale
+    scaler.update_on_device(np.array([int(found)], np.int32))
+    device = float(scaler._device_scale)
+    assert scaler.scale == 64.0             # the host has not been told yet
+    scaler.update(found_inf=found)
+    assert device == scaler.scale == {True: 32.0, False: 128.0 if tracker == 2 else 64.0}[found]

@@ -175,16 +175,16 @@ def test_trainer_with_step_graphs_follows_the_eager_run(data_dir, tmp_path):
         t = trainer.Trainer(cfg, log_stream=open(os.devnull, "w"))
         if name == "graphs":
             t.graphs = t.make_step_graphs(capture=EagerReplay)
-        results, grads, step, adam = [], [], t.train_step, t.optimizer.step
+        results, grads, settle, adam = [], [], t.settle, t.optimizer.step
 
-        def train_step(batches, step=step, results=results):
-            results.append(step(batches))
+        def settle_step(update, settle=settle, results=results):
+            results.append(settle(update))
             return results[-1]
 
-        def adam_step(t=t, grads=grads, adam=adam):
+        def adam_step(skip=None, t=t, grads=grads, adam=adam):
             grads.append(np.concatenate([p.grad.ravel() for _, p in t.params]))
-            adam()
-        t.train_step, t.optimizer.step = train_step, adam_step
+            adam(skip=skip)
+        t.settle, t.optimizer.step = settle_step, adam_step
         runs[name] = (t.train(), t, results, grads)
     (s_e, _, r_e, g_e), (s_g, t_g, r_g, g_g) = runs["eager"], runs["graphs"]
     assert s_g["steps"] == s_e["steps"] == 4 and len(g_g) == len(g_e) == 4
@@ -228,12 +228,12 @@ def test_fp16_through_step_graphs_follows_the_eager_run(data_dir, tmp_path):
         t = trainer.Trainer(cfg, log_stream=open(os.devnull, "w"))
         if name == "graphs":
             t.graphs = t.make_step_graphs(capture=EagerReplay)
-        results, step = [], t.train_step
+        results, settle = [], t.settle
 
-        def train_step(batches, step=step, results=results):
-            results.append(step(batches))
+        def settle_step(update, settle=settle, results=results):
+            results.append(settle(update))
             return results[-1]
-        t.train_step = train_step
+        t.settle = settle_step
         runs[name] = (t.train(), t, results)
     (s_e, t_e, r_e), (s_g, t_g, r_g) = runs["eager"], runs["graphs"]
     assert t_g.graphs.captures >= 1 and s_g["steps"] == s_e["steps"] == 4

@@ -486,6 +486,32 @@ def test_adam_step_matches_optim_adam(on_cpu, kind):
 
 
 @needs_cxx
+@pytest.mark.parametrize("flat", [True, False])
+def test_adam_hands_the_skip_flag_to_the_kernel(on_cpu, flat):
+    """Adam.step(skip=flag) with the kernels running passes the device flag to the Adam
+    kernel instead of reading it (the trainer's step decided on the device): a set flag
+    leaves parameters and moments as they were, a clear one steps."""
+    params = [tinytf.nn.Parameter(rng.standard_normal(s).astype(np.float32))
+              for s in ((4, 3), (5,))]
+    opt = Adam(params, lr=1e-2, flat=flat)
+    assert opt._kernel_updates()
+    for p in params:
+        p.grad = rng.standard_normal(p.shape).astype(np.float32)
+    opt.step(skip=np.zeros(1, np.int32))             # builds the flat buffers, steps
+    stepped = [p.data.copy() for p in params]
+    moments = [m.copy() for m in opt.exp_avg.values()]
+    calls = kernels.calls.get("adam_step", 0)
+    for p in params:
+        p.grad = np.full(p.shape, np.nan, np.float32)
+    opt.step(skip=np.ones(1, np.int32))
+    assert kernels.calls["adam_step"] > calls and opt.step_count == 2
+    for p, before in zip(params, stepped):
+        np.testing.assert_array_equal(p.data, before)
+    for m, before in zip(opt.exp_avg.values(), moments):
+        np.testing.assert_array_equal(m, before)
+
+
+@needs_cxx
 def test_scaler_uses_the_fused_unscale_when_kernels_run(on_cpu):
     params = [tinytf.nn.Parameter(np.zeros(3)), tinytf.nn.Parameter(np.zeros(2))]
     params[0].grad = np.array([4.0, 8.0, 12.0], np.float32)

@@ -248,3 +248,39 @@ def test_single_process_allreduce_scales_the_flat_buffer_in_place():
     SingleCommunicator().allreduce_grads(model, scale=0.5)
     assert opt._flat.grads_linked()
     np.testing.assert_array_equal(opt._flat.grad, before * np.float32(0.5))
+
+
+@pytest.mark.parametrize("flat", [True, False])
+def test_adam_skips_on_a_device_flag(flat):
+    """Adam.step(skip=flag): a set flag changes nothing (the fused GPU kernel reads it on
+    the device; NumPy reads it here), a clear one is an ordinary step; both are counted."""
+    rng = np.random.default_rng(0)
+    params = [Tensor(rng.standard_normal((3, 4)).astype(np.float32), requires_grad=True)
+              for _ in range(2)]
+    opt = optim.Adam(params, lr=0.1, flat=flat)
+    for p in params:
+        p.grad = rng.standard_normal(p.shape).astype(np.float32)
+    before = [p.data.copy() for p in params]
+    opt.step(skip=np.ones(1, np.int32))
+    assert opt.step_count == 1
+    for p, b in zip(params, before):
+        np.testing.assert_array_equal(p.data, b)
+    opt.step_count = 0
+    opt.step(skip=np.zeros(1, np.int32))
+    assert opt.step_count == 1 and not np.array_equal(params[0].data, before[0])
+
+
+def test_clip_grad_norm_array_stays_on_the_device():
+    """The device variant returns the norm as a 0-d float32 array (nothing read back) and
+    scales like clip_grad_norm; a non-finite gradient gives a non-finite norm."""
+    a = Tensor(np.zeros(2, np.float32), requires_grad=True)
+    a.grad = np.array([3.0, 4.0], np.float32)
+    norm = optim.clip_grad_norm_array([a], 1.0)
+    assert isinstance(norm, np.ndarray) and norm.dtype == np.float32 and float(norm) == 5.0
+    np.testing.assert_allclose(a.grad, [0.6, 0.8], rtol=1e-6)
+    unchanged = optim.clip_grad_norm_array([a], 10.0)
+    np.testing.assert_allclose(a.grad, [0.6, 0.8], rtol=1e-6)
+    assert float(unchanged) == pytest.approx(1.0, rel=1e-6)
+    a.grad = np.array([np.inf, 1.0], np.float32)
+    assert not np.isfinite(optim.grad_norm_array([a]))
+    assert optim.grad_norm_array([Tensor(np.zeros(2, np.float32))]) is None

@@ -22,9 +22,9 @@ TINY = ["d_model=16", "n_heads=2", "d_ff=32", "n_encoder_layers=1", "n_decoder_l
 
 
 def _config(data_dir, out, **kw):
+    kw = {"save_interval": 1000, **kw}
     cfg = TrainConfig(data=data_dir, out=str(out), vocab_size=300, max_tokens=200,
-                      log_interval=2, save_interval=1000, warmup=4, lr_factor=1.0, seed=3,
-                      **kw)
+                      log_interval=2, warmup=4, lr_factor=1.0, seed=3, **kw)
     return apply_overrides(cfg, TINY)
 
 
@@ -252,3 +252,86 @@ def test_unknown_precision_is_a_clear_error(tmp_path, capsys):
     assert e.value.code == 2 and "--precision" in capsys.readouterr().err
     with pytest.raises(TrainError, match="--precision"):
         TrainConfig(precision="fp8").resolved()
+
+
+def _same_state(a, b):
+    """Parameters, Adam's moments and step, and the counters of two trainers, bitwise."""
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    for name in sa:
+        np.testing.assert_array_equal(sa[name], sb[name], err_msg=name)
+    oa, ob = a.optimizer.state_dict(), b.optimizer.state_dict()
+    assert oa.keys() == ob.keys() and oa["step"] == ob["step"] == a.step
+    for key in oa:
+        if key.startswith("exp_avg"):
+            np.testing.assert_array_equal(oa[key], ob[key], err_msg=key)
+    assert (a.step, a.skipped, a.launched) == (b.step, b.skipped, b.launched)
+    assert a.scaler.state_dict() == b.scaler.state_dict()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # float16 overflow is the point
+@pytest.mark.parametrize("precision", ["float32", "fp16"])
+def test_the_loop_keeps_one_update_in_flight_and_equals_train_step(data_dir, tmp_path,
+                                                                   precision):
+    """train() reads update k's outcome after launching update k + 1's forward and backward
+    (except where the step count decides something: here the checkpoint at step 3 and the
+    end at 7), and ends bitwise where train_step called seven times ends. fp16 overflows
+    and skips its first updates, decided on the device before the host knows."""
+    kw = dict(max_steps=7, save_interval=3, valid_interval=1000, precision=precision,
+              clip_norm=0.5)
+    piped = trainer.Trainer(_config(data_dir, tmp_path / "piped", **kw),
+                            log_stream=open(os.devnull, "w"))
+    events, fb, settle = [], piped.forward_backward, piped.settle
+
+    def forward_backward(batches):
+        events.append(f"fb{piped.launched + 1}")
+        return fb(batches)
+
+    def settle_update(update):
+        result = settle(update)
+        events.append("skip" if result["skipped"] else f"step{piped.step}")
+        return result
+    piped.forward_backward, piped.settle = forward_backward, settle_update
+    summary = piped.train()
+    assert summary["steps"] == 7
+
+    synced = trainer.Trainer(_config(data_dir, tmp_path / "synced", **kw),
+                             log_stream=open(os.devnull, "w"))
+    stream = trainer._forever(synced.batches)
+    while synced.step < 7:
+        synced.train_step([next(stream)])
+    _same_state(piped, synced)
+
+    skips = events.count("skip")
+    assert (skips >= 1) == (precision == "fp16") and piped.skipped == skips
+    # Each outcome is read after the next forward-backward was launched, unless the step
+    # it may reach is 3, 6 (checkpoints) or 7 (the end): those are read first.
+    steps = [e for e in events if e != "skip"]
+    assert steps[-1] == "step7" and len(steps) == 7 + 7 + skips
+    for i, e in enumerate(events):
+        if e.startswith("step") and int(e[4:]) not in (3, 6, 7):
+            assert events[i - 1].startswith("fb"), events
+    for k in (3, 6):   # the checkpoint saw step k's parameters, nothing launched after
+        ckpt = checkpoint.load(tmp_path / "piped" / f"checkpoint_{k}.npz")
+        assert ckpt.step == k and ckpt.meta["skipped_steps"] <= skips
+        assert events[events.index(f"step{k}") + 1] == f"fb{k + 1 + ckpt.meta['skipped_steps']}"
+
+
+def test_a_non_finite_loss_skips_the_update_on_the_device(data_dir, tmp_path):
+    """A loss that is not finite with finite gradients (float16 logits of -inf do that)
+    still skips the update: 0 * loss poisons one gradient entry, so the norm, which the
+    device tests, is NaN. Adam's step count takes the skipped update back."""
+    t = trainer.Trainer(_config(data_dir, tmp_path / "poison", max_steps=3),
+                        log_stream=open(os.devnull, "w"))
+    t.train_step([next(iter(t.batches))])
+    before = t.model.state_dict()
+    loss_sum, tokens = t.forward_backward([next(iter(t.batches))])
+    grads = [p.grad.copy() for _, p in t.params]
+    assert all(np.isfinite(g).all() for g in grads)
+    update = t.launch_update(np.full((), np.inf, np.float32), tokens)
+    assert np.isnan(update.norm) and isinstance(update.norm, np.ndarray)  # not read yet
+    result = t.settle(update)
+    assert result["skipped"] and not result["overflow"] and t.bad_in_a_row == 1
+    assert (t.step, t.skipped, t.launched, t.optimizer.step_count) == (1, 1, 2, 1)
+    for name, value in t.model.state_dict().items():
+        np.testing.assert_array_equal(value, before[name])
+    assert t.train_step([next(iter(t.batches))])["skipped"] is False and t.step == 2

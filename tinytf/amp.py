@@ -351,6 +351,24 @@ class DynamicLossScaler:
             self.scale *= self.growth_factor
             self.growth_tracker = 0
 
+    def update_on_device(self, found_inf) -> None:
+        """Move the device scale (:meth:`scale_loss` with ``on_device``) to where
+        :meth:`update` will move :attr:`scale`, without reading ``found_inf``, a flag on
+        the device: S * backoff_factor if it is set, else S, or S * growth_factor when this
+        step completes a growth interval. The next backward can then be launched before the
+        host knows whether this step overflowed; the host's own state follows when the
+        caller learns the outcome and calls :meth:`update` (one step in flight,
+        docs/training.md).
+        """
+        if not self.enabled or self._device_scale is None:
+            return
+        xp = backend.get_array_module(self._device_scale)
+        grown = self.growth_tracker + 1 >= self.growth_interval
+        clean = self._scale * self.growth_factor if grown else self._scale
+        self._device_scale[...] = xp.where(found_inf.reshape(()) != 0,
+                                           np.float32(self._scale * self.backoff_factor),
+                                           np.float32(clean))
+
     def step(self, optimizer, params=None, extra_factor: float = 1.0) -> bool:
         """unscale_, then ``optimizer.step()`` unless inf/NaN, then update; True if stepped.
 

@@ -139,40 +139,64 @@ def flat_gradient(params):
     return flat.grad if flat is not None and flat.grads_linked() else None
 
 
-def grad_norm(params) -> float:
-    """The L2 norm of all gradients together (parameters without a gradient count as 0).
+def grad_norm_array(params):
+    """The L2 norm of all gradients together, as a 0-d float32 array on their device.
 
-    The sum of squares is accumulated in float32 where the gradients live and read once:
-    on the GPU that is one host round trip per step, not one per parameter.
+    Nothing is read back to the host, so a training step can decide on the device what
+    the norm implies (clip, skip) and read the number later (docs/training.md, "One step
+    in flight"). Parameters without a gradient count as 0; None when none has one.
     """
     flat = flat_gradient(params)
     if flat is not None:
-        return math.sqrt(float(flat @ flat))
+        xp = backend.get_array_module(flat)
+        return xp.asarray(xp.sqrt(flat @ flat))    # NumPy gives a scalar, CuPy a 0-d array
     total = None
     for _, p in _named(params):
         if p.grad is not None:
             g = p.grad.reshape(-1)
             sq = g @ g
             total = sq if total is None else total + sq
-    return 0.0 if total is None else math.sqrt(float(total))
+    if total is None:
+        return None
+    xp = backend.get_array_module(total)
+    return xp.asarray(xp.sqrt(total))
+
+
+def grad_norm(params) -> float:
+    """The L2 norm of all gradients together, as a Python float (one host read)."""
+    norm = grad_norm_array(params)
+    return 0.0 if norm is None else float(norm)
+
+
+def clip_grad_norm_array(params, max_norm: float):
+    """Scale all gradients in place so their joint L2 norm is at most ``max_norm``; return
+    the norm before clipping as a device scalar (:func:`grad_norm_array`).
+
+    The factor min(1, max_norm / (norm + 1e-6)) is computed and applied on the device,
+    always (times exactly 1 when the norm is small enough), so nothing waits for the GPU.
+    A non-finite norm makes the gradients non-finite too: such a step is to be skipped.
+    """
+    norm = grad_norm_array(params)
+    if norm is None:
+        return None
+    xp = backend.get_array_module(norm)
+    factor = xp.minimum(np.float32(max_norm) / (norm + np.float32(1e-6)), np.float32(1.0))
+    flat = flat_gradient(params)
+    grads = [flat] if flat is not None else \
+        [p.grad for _, p in _named(params) if p.grad is not None]
+    for g in grads:
+        g *= factor.astype(g.dtype, copy=False)
+    return norm
 
 
 def clip_grad_norm(params, max_norm: float) -> float:
     """Scale all gradients in place so their joint L2 norm is at most ``max_norm``.
 
-    Returns the norm before clipping (like ``torch.nn.utils.clip_grad_norm_``).
+    Returns the norm before clipping as a float (like ``torch.nn.utils.clip_grad_norm_``,
+    which also scales by min(1, max_norm / (norm + 1e-6))).
     """
-    norm = grad_norm(params)
-    if math.isfinite(norm) and norm > max_norm:
-        scale = max_norm / (norm + 1e-6)
-        flat = flat_gradient(params)
-        if flat is not None:
-            flat *= scale
-            return norm
-        for _, p in _named(params):
-            if p.grad is not None:
-                p.grad *= scale
-    return norm
+    norm = clip_grad_norm_array(params, max_norm)
+    return 0.0 if norm is None else float(norm)
 
 
 class Adam:
@@ -201,12 +225,24 @@ class Adam:
         for _, p in self.params:
             p.grad = None
 
-    def step(self) -> None:
-        """One update of every parameter that has a gradient."""
+    def step(self, skip=None) -> None:
+        """One update of every parameter that has a gradient.
+
+        ``skip``: an optional int32 flag of one element on the parameters' device; when it
+        is nonzero the update changes nothing. The fused GPU kernel reads it on the device,
+        so the decision (a non-finite gradient norm, say) needs no host round trip. The
+        update is counted in :attr:`step_count` either way: a caller that learns later that
+        it was skipped subtracts it (``tinytf.trainer`` does). Without fused kernels the
+        flag is read on the host.
+        """
         self.step_count += 1
+        if skip is not None and not self._kernel_updates():
+            if bool(skip.any()):        # no kernel to read the flag: read it here
+                return
+            skip = None
         flat = self._flat_buffers()
         if flat is not None:
-            self._update(flat.data, flat.grad, *flat.moments)
+            self._update(flat.data, flat.grad, *flat.moments, skip=skip)
             return
         for name, p in self.params:
             if p.grad is None:
@@ -215,7 +251,13 @@ class Adam:
             if self.exp_avg[name] is None:
                 self.exp_avg[name] = xp.zeros_like(p.data)
                 self.exp_avg_sq[name] = xp.zeros_like(p.data)
-            self._update(p.data, p.grad, self.exp_avg[name], self.exp_avg_sq[name])
+            self._update(p.data, p.grad, self.exp_avg[name], self.exp_avg_sq[name], skip=skip)
+
+    def _kernel_updates(self) -> bool:
+        """Whether every parameter is updated by the fused kernel (see :meth:`_update`)."""
+        tensors = [p for _, p in self.params]
+        return all(p.dtype == np.float32 for p in tensors) and \
+            kernels.fused(*(p.data for p in tensors))
 
     def _flat_buffers(self):
         """The :class:`FlatParameters` to update at once, or None (then one at a time).
@@ -245,12 +287,13 @@ class Adam:
             return None
         return flat
 
-    def _update(self, p, g, m, v) -> None:
-        """The Adam update of parameter array ``p`` (in place) from gradient ``g``."""
+    def _update(self, p, g, m, v, skip=None) -> None:
+        """The Adam update of parameter array ``p`` (in place) from gradient ``g``; the
+        fused kernel does nothing when the device flag ``skip`` is set (see :meth:`step`)."""
         b1, b2 = self.betas
         t = self.step_count
         if kernels.fused(p, g) and p.dtype == np.float32:
-            kernels.adam_step(p, g, m, v, self.lr, self.betas, self.eps, t)
+            kernels.adam_step(p, g, m, v, self.lr, self.betas, self.eps, t, found_inf=skip)
             return
         xp = backend.get_array_module(p)
         step_size = self.lr / (1 - b1 ** t)

@@ -15,9 +15,10 @@ Around it: the joint BPE is learnt into the run directory once; token-based batc
 ``valid_interval`` steps dev loss and dev BLEU (greedy); every ``save_interval`` steps an
 atomic checkpoint (:mod:`tinytf.checkpoint`) that holds everything needed to continue
 *exactly*: parameters, Adam moments, the step, the batch iterator's position, the RNG state
-(and dropout is re-seeded from ``(seed, rank, step)`` at every step, as fairseq does, so the
-masks of step k never depend on how the run got to step k), the config, and the BPE file's
-SHA-256. At the end: final validation, test BLEU, ``RUNDIR/training.svg``, and a summary dict
+(and dropout is re-seeded from ``(seed, rank, update number)`` at every update, as fairseq
+re-seeds from the step, so the masks never depend on how the run got there), the config, and
+the BPE file's SHA-256. The loop keeps one update in flight: it reads update k's outcome
+after launching update k + 1's forward and backward (:meth:`Trainer.train`). At the end: final validation, test BLEU, ``RUNDIR/training.svg``, and a summary dict
 (train.py prints it as one JSON line).
 
 Under ``mpirun`` only rank 0 logs, validates and writes; stop decisions (time, signals) are
@@ -41,7 +42,7 @@ from . import amp, backend, checkpoint, distributed
 from .bpe import BOS_ID, BPE, EOS_ID, PAD_ID
 from .cuda_graph import StepGraphs
 from .data import BatchIterator, ParallelCorpus, read_parallel
-from .optim import Adam, clip_grad_norm, grad_norm, noam_lr
+from .optim import Adam, clip_grad_norm_array, grad_norm_array, noam_lr
 from .search import greedy_search
 from .tensor import no_grad
 from .translation import BANNED_IDS, one_line
@@ -350,6 +351,35 @@ def _step_seed(seed: int, rank: int, step: int) -> int:
     return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
 
 
+@dataclasses.dataclass
+class _Update:
+    """An update launched on the device (:meth:`Trainer.launch_update`) whose outcome the
+    host has not read yet: device scalars for the loss and the norm, the host's tokens."""
+    loss_sum: object
+    norm: object
+    tokens: float
+
+
+@dataclasses.dataclass
+class _Progress:
+    """The training loop's running totals: for the log line, the summary and the clock."""
+    start_step: int
+    budget: float
+    t_start: float = dataclasses.field(default_factory=time.perf_counter)
+    total_tokens: int = 0
+    valid_seconds: float = 0.0
+    window: dict = dataclasses.field(default_factory=lambda: _Progress.new_window())
+
+    @staticmethod
+    def new_window() -> dict:
+        """Sums over the updates since the last log line."""
+        return {"loss": 0.0, "tokens": 0, "steps": 0, "gnorm": 0.0, "t": time.perf_counter()}
+
+    def elapsed(self) -> float:
+        """Seconds since training started (validation included)."""
+        return time.perf_counter() - self.t_start
+
+
 def _forever(iterator):
     """Yield the batches of ``iterator`` epoch after epoch (it resumes from its position)."""
     while True:
@@ -431,9 +461,10 @@ class Trainer:
         except ValueError as e:
             raise TrainError(str(e)) from None
 
-        self.step = 0
+        self.step = 0           # updates applied
         self.bad_in_a_row = 0
-        self.skipped = 0
+        self.skipped = 0        # updates skipped (non-finite, fp16 overflow)
+        self.launched = 0       # updates launched: applied + skipped + the one in flight
         self.best_dev_loss = None
         if resume is not None:
             self._restore(resume)
@@ -504,6 +535,7 @@ class Trainer:
             backend.set_rng_state(ckpt.meta["rng_state"])
         self.step = ckpt.step
         self.skipped = int(ckpt.meta.get("skipped_steps", 0))
+        self.launched = self.step + self.skipped
         if self.scaler.enabled and ckpt.meta.get("loss_scaler", {}).get("enabled"):
             self.scaler.load_state_dict(ckpt.meta["loss_scaler"])
         self.best_dev_loss = ckpt.meta.get("best_dev_loss")
@@ -545,19 +577,28 @@ class Trainer:
         return noam_lr(step, self.model_cfg.d_model, self.cfg.warmup, self.cfg.lr_factor)
 
     def train_step(self, batches) -> dict:
-        """Accumulate the summed loss of ``batches``, all-reduce, scale by 1 / global target
-        tokens, clip, and take one Adam step (or skip it if the loss or a gradient is not
-        finite). Returns the step's global loss per token, tokens and gradient norm.
+        """One whole update from ``batches``, synchronously: :meth:`forward_backward`,
+        :meth:`launch_update`, :meth:`settle`. Returns the step's global loss per token,
+        target tokens, gradient norm and whether it was skipped (``"skipped"``) because of
+        an fp16 overflow (``"overflow"``) or another non-finite loss or gradient.
 
-        The whole step runs under the precision policy (``amp.autocast``), backward too, so
-        that TF32 applies to the backward products as well. Under fp16 the loss is
-        multiplied by the scaler's S before backward and the gradients by 1 / S in the
-        all-reduce's scaling pass; an overflow skips the step and lowers S (``"overflow"``),
-        which is routine for fp16 and does not count as a bad step. On the GPU the step
-        reads two numbers back to the host, the gradient norm and then the loss, and waits
-        for the GPU once.
+        :meth:`train` runs the same three parts with one step in flight instead: it reads
+        update k's outcome after launching the forward and backward of update k + 1, so
+        the GPU never waits for the host between steps (docs/training.md).
         """
-        seed = _step_seed(self.cfg.seed, self.comm.rank, self.step + 1)
+        return self.settle(self.launch_update(*self.forward_backward(batches)))
+
+    def forward_backward(self, batches) -> tuple:
+        """Forward and backward of one update's ``batches`` (``update_freq`` of them, their
+        gradients summed in ``.grad``), dropout seeded from (seed, rank, update number).
+        Returns (this rank's summed loss as a device scalar, global target tokens).
+
+        The update number counts every launched update, skipped ones too, since when the
+        next update's masks are drawn the host does not know yet whether the previous one
+        was skipped; it is restored on resume, so masks still repeat exactly.
+        """
+        self.launched += 1
+        seed = _step_seed(self.cfg.seed, self.comm.rank, self.launched)
         backend.manual_seed(seed)
         self.model.train()
         with amp.autocast(self.policy):
@@ -565,39 +606,64 @@ class Trainer:
                 loss_sum, tokens = self._replay_batches(batches, seed)
             else:
                 loss_sum, tokens = self._run_batches(batches)
-            # The token count is known on the host; the loss is read after the gradient
-            # norm, whose read waits for the GPU anyway, so the step stalls only once.
-            tokens = self.comm.allreduce_scalars(float(tokens))
+        # The token counts are known on the host: their sum needs no wait for the GPU.
+        return loss_sum, self.comm.allreduce_scalars(float(tokens))
+
+    def launch_update(self, loss_sum, tokens: float) -> "_Update":
+        """All-reduce the gradients, scale them by 1 / (tokens * S), clip, and launch the
+        Adam update, skipped *on the device* if the loss on any rank or the gradient norm
+        is not finite. Nothing here waits for the GPU; :meth:`settle` reads the outcome.
+
+        Every rank decides alike without talking: 0 * loss (0 if the loss is finite, NaN
+        if not) is added to one gradient entry before the all-reduce, so a bad loss
+        anywhere makes the summed gradients, and so every rank's norm, non-finite. Under
+        fp16 an overflow also lowers the device copy of the loss scale at once, so the
+        next backward, launched before the host knows, already uses the lowered scale.
+        """
+        xp = backend.get_array_module(loss_sum)
+        with amp.autocast(self.policy):
+            first = next(p.grad for _, p in self.params if p.grad is not None)
+            with np.errstate(invalid="ignore"):      # 0 * inf is the point
+                first.reshape(-1)[:1] += (loss_sum * 0).astype(first.dtype)
             scale = self.scaler.scale if self.scaler.enabled else 1.0
             self.comm.allreduce_grads(self.model, scale=1.0 / (tokens * scale))
             if self.cfg.clip_norm > 0:
-                norm = clip_grad_norm(self.params, self.cfg.clip_norm)
+                norm = clip_grad_norm_array(self.params, self.cfg.clip_norm)
             else:
-                norm = grad_norm(self.params)
-            loss = self.comm.allreduce_scalars(float(loss_sum)) / tokens
-            result = {"loss": loss, "tokens": int(tokens), "gnorm": norm, "skipped": False,
-                      "overflow": False}
-            finite = math.isfinite(loss) and math.isfinite(norm)
-            if self.scaler.enabled:
-                try:
-                    self.scaler.update(found_inf=not finite)
-                except FloatingPointError as e:
-                    raise TrainError(f"fp16: {e}; the forward pass overflows float16 at "
-                                     "any loss scale: train with --precision bf16") from None
-            if not finite:
-                # Every rank sees the same all-reduced numbers, so every rank skips together.
-                self.optimizer.zero_grad()
-                result["skipped"] = True
-                if self.scaler.enabled:
-                    result["overflow"] = True
-                else:
-                    self.bad_in_a_row += 1
-                self.skipped += 1
-                return result
-            self.bad_in_a_row = 0
+                norm = grad_norm_array(self.params)
+            skip = (~xp.isfinite(norm)).astype(np.int32).reshape(1)
+            self.scaler.update_on_device(skip)
             self.optimizer.lr = self.lr(self.step + 1)
-            self.optimizer.step()
+            self.optimizer.step(skip=skip)
             self.optimizer.zero_grad()
+        return _Update(loss_sum=loss_sum, norm=norm, tokens=tokens)
+
+    def settle(self, update: "_Update") -> dict:
+        """Read the outcome of a launched ``update`` (the loss and the gradient norm: the
+        step's one wait for the GPU) and account for it on the host: the step count, the
+        loss scaler, skipped and bad steps. Returns :meth:`train_step`'s dict."""
+        norm = float(update.norm)
+        loss = self.comm.allreduce_scalars(float(update.loss_sum)) / update.tokens
+        result = {"loss": loss, "tokens": int(update.tokens), "gnorm": norm,
+                  "skipped": False, "overflow": False}
+        finite = math.isfinite(norm)       # what the device decided (the loss is in it)
+        if self.scaler.enabled:
+            try:
+                self.scaler.update(found_inf=not finite)
+            except FloatingPointError as e:
+                raise TrainError(f"fp16: {e}; the forward pass overflows float16 at "
+                                 "any loss scale: train with --precision bf16") from None
+        if not finite:
+            # Every rank saw the same summed gradients, so every rank skipped together.
+            self.optimizer.step_count -= 1      # Adam counted the update the device skipped
+            result["skipped"] = True
+            if self.scaler.enabled:
+                result["overflow"] = True
+            else:
+                self.bad_in_a_row += 1
+            self.skipped += 1
+            return result
+        self.bad_in_a_row = 0
         self.step += 1
         return result
 
@@ -613,7 +679,7 @@ class Trainer:
             logits = self.model(src, tgt_in)
             loss, n = label_smoothed_loss(logits, tgt_out, count=batch.n_tgt_tokens,
                                           eps=self.model_cfg.label_smoothing)
-            self.scaler.scale_loss(loss).backward()
+            self.scaler.scale_loss(loss, on_device=True).backward()
             loss_sum = loss.data if loss_sum is None else loss_sum + loss.data
             tokens += n
         return loss_sum, tokens
@@ -711,72 +777,52 @@ class Trainer:
 
     def train(self) -> dict:
         """Train until ``max_steps`` / ``max_minutes`` (or Ctrl-C / SIGTERM, which stop at the
-        next step boundary after a checkpoint), validate, test, plot; returns the summary."""
+        next step boundary after a checkpoint), validate, test, plot; returns the summary.
+
+        One step in flight: the outcome of update k (its loss and gradient norm, which decide
+        the step count) is read after the forward and backward of update k + 1 have been
+        launched, so on a GPU the device always has work queued while the host waits. The
+        outcome is read before launching more whenever a decision needs the exact step
+        count: an update that may complete the run or land on a validation or checkpoint
+        interval. Results equal :meth:`train_step` called in a loop (tests/test_train.py).
+        """
         cfg, comm = self.cfg, self.comm
         budget = cfg.max_minutes * 60.0 if cfg.max_minutes else math.inf
         stream = _forever(self.batches)
-        start_step = self.step
-        t_start = time.perf_counter()
-        total_tokens = 0
-        valid_seconds = 0.0
-        window = {"loss": 0.0, "tokens": 0, "steps": 0, "gnorm": 0.0, "t": t_start}
+        progress = _Progress(start_step=self.step, budget=budget)
         saved_step = self.step if cfg.resume else None
+        checked_step = self.step        # the step count whose interval work is done
+        in_flight = None                # the update launched last, outcome not read yet
         stop = None
         previous_handlers = self._install_signal_handlers()
         try:
             while True:
-                if cfg.max_steps and self.step >= cfg.max_steps:
-                    stop = "max_steps"  # resumed a run that had already finished
-                    break
-                result = self.train_step([next(stream) for _ in range(cfg.update_freq)])
-                total_tokens += result["tokens"]
-                if result["overflow"]:
-                    self.log.info(f"step {self.step + 1}: fp16 gradients overflowed; update "
-                                  f"skipped, loss scale lowered to {self.scaler.scale:g}")
-                    continue
-                if result["skipped"]:
-                    self.log.info(
-                        f"step {self.step + 1}: non-finite loss ({result['loss']:.4g}) or "
-                        f"gradient norm ({result['gnorm']:.4g}); update skipped "
-                        f"({self.bad_in_a_row} in a row)")
-                    if self.bad_in_a_row >= cfg.max_bad_steps:
-                        raise TrainError(
-                            f"stopping: {self.bad_in_a_row} updates in a row had a non-finite "
-                            f"loss or gradient (training diverged at step {self.step + 1}); "
-                            f"the last good checkpoint is in {self.run_dir}; try a lower "
-                            "--lr-factor, a longer --warmup or --clip-norm 1")
-                    continue
-                window["loss"] += result["loss"] * result["tokens"]
-                window["tokens"] += result["tokens"]
-                window["steps"] += 1
-                window["gnorm"] += result["gnorm"]
-                elapsed = time.perf_counter() - t_start
-                if self.step % cfg.log_interval == 0:
-                    self._log_window(window, elapsed, budget, start_step)
-                    window = {"loss": 0.0, "tokens": 0, "steps": 0, "gnorm": 0.0,
-                              "t": time.perf_counter()}
+                if in_flight is not None and self._decides(self.step + 1):
+                    self._account(self.settle(in_flight), progress)
+                    in_flight = None
                 if cfg.max_steps and self.step >= cfg.max_steps:
                     stop = "max_steps"
                 # Collective: rank 0's clock and any rank's signal decide for everyone.
-                elif comm.any((comm.is_root and elapsed >= budget) or self._signalled):
+                elif comm.any((comm.is_root and progress.elapsed() >= budget)
+                              or self._signalled):
                     stop = "signal" if self._signalled else "max_minutes"
                 if stop is not None:
                     break  # _finish validates and saves the last step
-                validate = self.step % cfg.valid_interval == 0
-                if validate or self.step % cfg.save_interval == 0:
-                    t_pause = time.perf_counter()
-                    if self.root:
-                        metrics = self.validate(cfg.valid_bleu_sentences) if validate else None
-                        if metrics:
-                            self._log_validation(metrics)
-                        self.save(metrics)
-                    saved_step = self.step
-                    comm.barrier()
-                    paused = time.perf_counter() - t_pause
-                    valid_seconds += paused
-                    window["t"] += paused  # tokens/s measures training, not validation
+                if in_flight is None and self.step != checked_step:
+                    checked_step = self.step
+                    if self._interval_work(progress):
+                        saved_step = self.step
+                loss_sum, tokens = self.forward_backward(
+                    [next(stream) for _ in range(cfg.update_freq)])
+                if in_flight is not None:   # read update k while update k + 1 computes
+                    self._account(self.settle(in_flight), progress)
+                in_flight = self.launch_update(loss_sum, tokens)
+            if in_flight is not None:
+                self._account(self.settle(in_flight), progress)
         finally:
             self._restore_signal_handlers(previous_handlers)
+        t_start, total_tokens = progress.t_start, progress.total_tokens
+        valid_seconds = progress.valid_seconds
         train_seconds = time.perf_counter() - t_start
         self.log.info(f"stopped ({stop}) at step {self.step} after "
                       f"{format_seconds(train_seconds)}")
@@ -794,6 +840,63 @@ class Trainer:
             summary.update(self._finish(saved_step))
         comm.barrier()
         return summary
+
+    def _decides(self, step: int) -> bool:
+        """Whether reaching ``step`` may end the run or needs validation or a checkpoint
+        (then the loop reads the update in flight before launching another)."""
+        cfg = self.cfg
+        return bool((cfg.max_steps and step >= cfg.max_steps)
+                    or step % cfg.valid_interval == 0 or step % cfg.save_interval == 0)
+
+    def _interval_work(self, progress) -> bool:
+        """Validate and/or save if the step count is on an interval (nothing in flight);
+        True if a checkpoint was written. The pause is not counted as training time."""
+        cfg = self.cfg
+        validate = self.step % cfg.valid_interval == 0
+        if not (validate or self.step % cfg.save_interval == 0):
+            return False
+        t_pause = time.perf_counter()
+        if self.root:
+            metrics = self.validate(cfg.valid_bleu_sentences) if validate else None
+            if metrics:
+                self._log_validation(metrics)
+            self.save(metrics)
+        self.comm.barrier()
+        paused = time.perf_counter() - t_pause
+        progress.valid_seconds += paused
+        progress.window["t"] += paused  # tokens/s measures training, not validation
+        return True
+
+    def _account(self, result: dict, progress) -> None:
+        """The host's side of one settled update: its tokens, a line for a skipped one
+        (TrainError after ``max_bad_steps`` bad ones in a row), the periodic log line."""
+        cfg = self.cfg
+        progress.total_tokens += result["tokens"]
+        if result["overflow"]:
+            self.log.info(f"step {self.step + 1}: fp16 gradients overflowed; update "
+                          f"skipped, loss scale lowered to {self.scaler.scale:g}")
+            return
+        if result["skipped"]:
+            self.log.info(
+                f"step {self.step + 1}: non-finite loss ({result['loss']:.4g}) or "
+                f"gradient norm ({result['gnorm']:.4g}); update skipped "
+                f"({self.bad_in_a_row} in a row)")
+            if self.bad_in_a_row >= cfg.max_bad_steps:
+                raise TrainError(
+                    f"stopping: {self.bad_in_a_row} updates in a row had a non-finite "
+                    f"loss or gradient (training diverged at step {self.step + 1}); "
+                    f"the last good checkpoint is in {self.run_dir}; try a lower "
+                    "--lr-factor, a longer --warmup or --clip-norm 1")
+            return
+        window = progress.window
+        window["loss"] += result["loss"] * result["tokens"]
+        window["tokens"] += result["tokens"]
+        window["steps"] += 1
+        window["gnorm"] += result["gnorm"]
+        if self.step % cfg.log_interval == 0:
+            self._log_window(window, progress.elapsed(), progress.budget,
+                             progress.start_step)
+            progress.window = _Progress.new_window()
 
     def _finish(self, saved_step) -> dict:
         """Final validation (full dev set), checkpoint, test BLEU and the plot (rank 0)."""
