@@ -180,7 +180,8 @@ def clip_grad_norm_array(params, max_norm: float):
     if norm is None:
         return None
     xp = backend.get_array_module(norm)
-    factor = xp.minimum(np.float32(max_norm) / (norm + np.float32(1e-6)), np.float32(1.0))
+    factor = xp.minimum(xp.divide(np.float32(max_norm), norm + np.float32(1e-6)),
+                        np.float32(1.0))      # float32 scalars: no float64 on NumPy either
     flat = flat_gradient(params)
     grads = [flat] if flat is not None else \
         [p.grad for _, p in _named(params) if p.grad is not None]
