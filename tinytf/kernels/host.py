@@ -1,11 +1,13 @@
 """Run the CUDA source of :mod:`.sources` on the CPU, for tests on machines without a GPU.
 
 The very same source is built with g++ under a small shim that provides what CUDA gives a
-kernel: ``blockIdx``/``threadIdx``, warp shuffles and ``__syncthreads``. Each block runs
-its threads as real OS threads; a shuffle is a write to a per-warp slot, a barrier, a read
-of the partner's slot and a second barrier, which is what the hardware's lock-step warp
-guarantees. Blocks run one after another on a pool of worker threads, so ``__shared__``
-arrays can be plain statics.
+kernel: ``blockIdx``/``threadIdx``, warp shuffles and ``__syncthreads``. Each thread of a
+block is a fiber (``ucontext``) on the calling thread, resumed in turn by a scheduler; a
+shuffle is a write to a per-warp slot, a barrier, a read of the partner's slot and a
+second barrier, which is what the hardware's lock-step warp guarantees, and a barrier
+yields until its last thread arrives (threads that wait at different barriers abort with a
+message, where a GPU would hang). Blocks run one after another, so ``__shared__`` arrays
+can be plain statics.
 
 This checks the kernels' logic (indexing, reductions, rounding to bf16/fp16, masks,
 the Python wrappers' launch arguments) against the NumPy ops; it says nothing about
@@ -16,7 +18,7 @@ Use::
     with host.install():            # fused kernels now accept NumPy arrays
         y = kernels.softmax_forward(x)
 
-``install`` needs ``g++`` (C++20, for ``std::barrier``); the build is cached in the
+``install`` needs ``g++`` and ``ucontext.h`` (glibc); the build is cached in the
 temporary directory under a hash of the source.
 """
 from __future__ import annotations
@@ -37,12 +39,14 @@ from . import _runtime
 from .sources import INSTANTIATIONS, SOURCE
 
 SHIM = r"""
-#include <barrier>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
+#include <ucontext.h>
 #define TINYTF_HOST_EMULATION 1
 #define __global__
 #define __device__
@@ -50,70 +54,53 @@ SHIM = r"""
 #define __restrict__
 #define __shared__ static   /* blocks run one at a time */
 struct dim3_t { unsigned x, y, z; };
-static thread_local dim3_t threadIdx, blockIdx;
-static dim3_t blockDim, gridDim;
-struct Warp { float slot[32]; std::barrier<> bar{32}; };
-static thread_local Warp* this_warp;
-static std::barrier<>* this_block;
+static dim3_t blockIdx, blockDim, gridDim;
+// A barrier among fibers: the last to arrive opens it, the others yield until it opens.
+struct Barrier { unsigned expected = 0, arrived = 0; unsigned long generation = 0; };
+struct Warp { float slot[32]; Barrier bar; };
+struct Fiber { ucontext_t ctx; dim3_t tid; Warp* warp; bool done; };
+static Fiber* current_fiber;
+static ucontext_t scheduler;
+static Barrier* this_block;
+static unsigned long progress;       // arrivals and finished threads: no change = deadlock
+#define threadIdx (current_fiber->tid)
+inline void fiber_yield() { swapcontext(&current_fiber->ctx, &scheduler); }
+inline void barrier_wait(Barrier& b) {
+    unsigned long generation = b.generation;
+    ++progress;
+    if (++b.arrived == b.expected) { b.arrived = 0; ++b.generation; return; }
+    while (b.generation == generation) fiber_yield();
+}
 inline float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
 inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
 inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
 inline float __shfl_xor_sync(unsigned, float v, int offset) {
     int lane = (threadIdx.y * blockDim.x + threadIdx.x) & 31;
-    this_warp->slot[lane] = v;
-    this_warp->bar.arrive_and_wait();
-    float r = this_warp->slot[lane ^ offset];
-    this_warp->bar.arrive_and_wait();
+    Warp* w = current_fiber->warp;
+    w->slot[lane] = v;
+    barrier_wait(w->bar);
+    float r = w->slot[lane ^ offset];
+    barrier_wait(w->bar);
     return r;
 }
-inline void __syncthreads() { this_block->arrive_and_wait(); }
+inline void __syncthreads() { barrier_wait(*this_block); }
 #include <math.h>  /* expf, logf, sqrtf, fmaxf as in CUDA */
 """
 
 LAUNCHER = r"""
-#include <condition_variable>
-#include <functional>
-#include <mutex>
-// A pool of worker threads, one per thread of the largest block so far: creating 256
-// OS threads per block would dominate the run time. Never destroyed (no destructor runs
-// at exit while workers wait).
-struct Pool {
-    std::mutex mu;
-    std::condition_variable start, done;
-    std::vector<std::thread> workers;
-    std::function<void(unsigned)> job;
-    unsigned long generation = 0;
-    unsigned active = 0, remaining = 0;
-};
-static Pool* pool = new Pool;
+// Every thread of a block is a fiber (ucontext) on the calling OS thread; a scheduler
+// resumes them in turn until all have returned. A barrier yields until its last thread
+// arrives, so __syncthreads and the warp shuffles behave as on the GPU, at the cost of a
+// context switch instead of an OS thread's wake-up (blocks of 256 threads on 2 cores
+// made that the whole run time). Blocks run one after another.
+static const size_t STACK_BYTES = 256 * 1024;
+static std::vector<std::unique_ptr<char[]>> stacks;
+static std::function<void()>* current_job;
 
-static void worker(unsigned id) {
-    unsigned long seen = 0;
-    for (;;) {
-        std::unique_lock<std::mutex> lock(pool->mu);
-        pool->start.wait(lock, [&] { return pool->generation != seen; });
-        seen = pool->generation;
-        if (id >= pool->active) continue;
-        auto job = pool->job;
-        lock.unlock();
-        job(id);
-        lock.lock();
-        if (--pool->remaining == 0) pool->done.notify_all();
-    }
-}
-
-// Run job(t) for t in [0, threads) concurrently, and wait for all of them.
-static void run_threads(unsigned threads, std::function<void(unsigned)> job) {
-    std::unique_lock<std::mutex> lock(pool->mu);
-    while (pool->workers.size() < threads) {
-        pool->workers.emplace_back(worker, (unsigned)pool->workers.size());
-        pool->workers.back().detach();
-    }
-    pool->job = std::move(job);
-    pool->active = pool->remaining = threads;
-    ++pool->generation;
-    pool->start.notify_all();
-    pool->done.wait(lock, [] { return pool->remaining == 0; });
+static void fiber_entry() {
+    (*current_job)();
+    ++progress;
+    current_fiber->done = true;    // returning resumes the scheduler (uc_link)
 }
 
 template <typename... P, typename... A>
@@ -121,19 +108,45 @@ static void launch(void (*kernel)(P...), unsigned gx, unsigned gy, unsigned bx, 
                    A... args) {
     gridDim = {gx, gy, 1};
     blockDim = {bx, by, 1};
-    unsigned threads = bx * by;
+    const unsigned threads = bx * by;
+    while (stacks.size() < threads) stacks.emplace_back(new char[STACK_BYTES]);
+    std::vector<Fiber> fibers(threads);
+    std::vector<Warp> warps((threads + 31) / 32);
+    for (unsigned w = 0; w < warps.size(); ++w)
+        warps[w].bar.expected = threads - 32 * w < 32 ? threads - 32 * w : 32;
+    Barrier block;
+    block.expected = threads;
+    this_block = &block;
+    std::function<void()> job = [&] { kernel(args...); };
+    current_job = &job;
     for (unsigned y = 0; y < gy; ++y) {
         for (unsigned x = 0; x < gx; ++x) {
-            std::barrier<> block(threads);
-            this_block = &block;
-            std::unique_ptr<Warp[]> warps(new Warp[(threads + 31) / 32]);
-            Warp* w = warps.get();
-            run_threads(threads, [&, w, x, y](unsigned t) {
-                threadIdx = {t % bx, t / bx, 0};
-                blockIdx = {x, y, 0};
-                this_warp = &w[t / 32];
-                kernel(args...);
-            });
+            blockIdx = {x, y, 0};
+            for (unsigned t = 0; t < threads; ++t) {
+                Fiber& f = fibers[t];
+                f.tid = {t % bx, t / bx, 0};
+                f.warp = &warps[t / 32];
+                f.done = false;
+                getcontext(&f.ctx);
+                f.ctx.uc_stack.ss_sp = stacks[t].get();
+                f.ctx.uc_stack.ss_size = STACK_BYTES;
+                f.ctx.uc_link = &scheduler;
+                makecontext(&f.ctx, fiber_entry, 0);
+            }
+            for (unsigned remaining = threads; remaining;) {
+                unsigned long before = progress;
+                for (Fiber& f : fibers) {
+                    if (f.done) continue;
+                    current_fiber = &f;
+                    swapcontext(&scheduler, &f.ctx);
+                    if (f.done) --remaining;
+                }
+                if (remaining && progress == before) {
+                    fprintf(stderr, "kernels/host.py: deadlock, threads of a block wait at "
+                                    "different barriers\n");
+                    abort();
+                }
+            }
         }
     }
 }
@@ -188,7 +201,7 @@ def build() -> ctypes.CDLL:
         src, tmp_lib = os.path.join(folder, "kernels.cc"), os.path.join(folder, "kernels.so")
         with open(src, "w") as f:
             f.write(code)
-        result = subprocess.run([cxx, "-std=c++20", "-O0", "-shared", "-fPIC", "-pthread",
+        result = subprocess.run([cxx, "-std=c++20", "-O0", "-shared", "-fPIC",
                                  src, "-o", tmp_lib], capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"kernels/host.py: {cxx} failed to build the kernels:\n"
