@@ -147,7 +147,10 @@ def launch(name: str, types, grid, block, args) -> None:
     if full not in INSTANTIATIONS:
         raise ValueError(f"kernels/_runtime.py: {full} is not instantiated in sources.py")
     args = convert_args(name, types, args)
-    first = next(a for a in args if hasattr(a, "shape"))
+    # The first array argument says where the kernel runs. Not the first argument with
+    # a shape: the scalars are NumPy scalars (shape ()), an address among them.
+    first = next(a for (pointer, _, _), a in zip(_parameters(name, tuple(types)), args)
+                 if pointer)
     if backend.get_array_module(first) is np:
         if _host_executor is None:
             raise RuntimeError("kernels/_runtime.py: fused kernels need CuPy arrays "
