@@ -35,13 +35,15 @@ requires_mpi = pytest.mark.skipif(
 TIMEOUT = 120  # seconds for one mpirun; a hang fails the test instead of the CI job
 
 
-def run_mpi(argv, n=2, timeout=TIMEOUT, cwd=ROOT):
+def run_mpi(argv, n=2, timeout=TIMEOUT, cwd=ROOT, env=None):
     """Run ``argv`` on ``n`` ranks; returns (returncode, stdout+stderr, seconds).
 
-    On a timeout mpirun gets SIGTERM, on which it kills its ranks (they run in process
-    groups of their own), then SIGKILL if it is still there.
+    ``env``: the environment (default: this process's). On a timeout mpirun gets SIGTERM,
+    on which it kills its ranks (they run in process groups of their own), then SIGKILL
+    if it is still there.
     """
-    env = {k: v for k, v in os.environ.items() if k != "TINYTF_DISTRIBUTED"}
+    env = {k: v for k, v in (os.environ if env is None else env).items()
+           if k != "TINYTF_DISTRIBUTED"}
     cmd = distributed.mpirun_command(n, [sys.executable, *argv])
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,

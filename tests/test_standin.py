@@ -20,6 +20,7 @@ import sys
 import numpy as np
 import pytest
 
+from test_distributed import SCRIPTS, requires_mpi, run_mpi
 from tinytf import checkpoint
 from tinytf.kernels import host
 
@@ -32,11 +33,17 @@ pytestmark = pytest.mark.skipif(host.compiler() is None,
                                 reason="needs g++ to run the kernels' CUDA source on the CPU")
 
 
-def _run(args, timeout=600):
+def _env(*paths):
+    """This environment with the stand-in (and ``paths``) first on PYTHONPATH."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [STANDIN, ROOT] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+        [STANDIN, ROOT, *paths]
+        + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     env.pop("TINYTF_DEVICE", None)
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
+    return env
+
+
+def _run(args, timeout=600):
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=_env(), capture_output=True,
                           text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc.stdout, proc.stderr
@@ -148,3 +155,26 @@ def test_bf16_and_the_cuda_graph_fallback_on_the_gpu_path(data_dir, tmp_path):
     # (The stand-in fails at the first thing capture needs that it lacks: libcublas.)
     assert "--cuda-graph: capturing or replaying the step failed (" in stderr
     assert "training continues without CUDA graphs" in stderr
+
+
+@requires_mpi
+def test_gpu_collectives_and_two_rank_training_on_the_gpu_path(data_dir, tmp_path):
+    """Under mpirun -n 2 with "GPU" arrays: tests/mpi_scripts/gpu_check.py (broadcast,
+    all-reduce with a missing gradient, divergence, through the host-staging transport
+    that `auto` picks without NCCL), then train.py --device gpu on two ranks, which ends
+    where train.py on two CPU ranks ends."""
+    code, out, _ = run_mpi([os.path.join(SCRIPTS, "gpu_check.py")], env=_env(SCRIPTS))
+    assert code == 0 and "gpu_check OK" in out and "host: checks passed" in out, out[-3000:]
+    assert "go through pinned host buffers and MPI" in out        # what auto chose, and why
+    dev_loss = {}
+    for device in ("gpu", "cpu"):
+        sets = [a for s in TINY for a in ("--set", s)]
+        code, out, _ = run_mpi(
+            ["train.py", "--data", data_dir, "--out", str(tmp_path / device), "--device",
+             device, "--vocab-size", "300", "--max-tokens", "120", "--warmup", "4",
+             "--lr-factor", "1", "--seed", "3", "--max-steps", "2", *sets], env=_env())
+        assert code == 0, out[-3000:]
+        summary = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
+        assert summary["ranks"] == 2 and summary["steps"] == 2
+        dev_loss[device] = summary["dev_loss"]
+    assert dev_loss["gpu"] == pytest.approx(dev_loss["cpu"], rel=1e-4)
