@@ -178,3 +178,25 @@ def test_gpu_collectives_and_two_rank_training_on_the_gpu_path(data_dir, tmp_pat
         assert summary["ranks"] == 2 and summary["steps"] == 2
         dev_loss[device] = summary["dev_loss"]
     assert dev_loss["gpu"] == pytest.approx(dev_loss["cpu"], rel=1e-4)
+
+
+GPU_TEST_FILES = ["tests/test_gpu.py", "tests/test_kernels.py", "tests/test_amp.py",
+                  "tests/test_engine.py"]
+# Left to a real GPU: CUDA-graph capture (the stand-in has none), and two 30-step training
+# loops that take a minute each here (train.py's bf16 and fp16 runs above cover the paths).
+NEEDS_A_REAL_GPU = ("not captured and not training_steps_lower_the_loss "
+                    "and not loss_scaling_skips_overflow")
+
+
+def test_the_gpu_test_suite_passes_on_the_stand_in():
+    """The GPU halves of the test files (skipped in this process for want of CuPy) run
+    against the stand-in: every fused kernel and cuBLAS layout against NumPy/float64 on
+    "GPU" arrays, the whole Transformer's loss and gradients on the GPU path against the
+    CPU's, mixed precision, beam search, checkpoints of a GPU model."""
+    stdout, _ = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", *GPU_TEST_FILES,
+                      "-k", NEEDS_A_REAL_GPU], timeout=900)
+    last = stdout.strip().splitlines()[-1]
+    assert "failed" not in last and "error" not in last, stdout[-3000:]
+    assert "needs a GPU" not in stdout, stdout[-3000:]
+    passed = int(last.split(" passed")[0].split()[-1])
+    assert passed >= 200, last
