@@ -18,8 +18,9 @@ atomic checkpoint (:mod:`tinytf.checkpoint`) that holds everything needed to con
 (and dropout is re-seeded from ``(seed, rank, update number)`` at every update, as fairseq
 re-seeds from the step, so the masks never depend on how the run got there), the config, and
 the BPE file's SHA-256. The loop keeps one update in flight: it reads update k's outcome
-after launching update k + 1's forward and backward (:meth:`Trainer.train`). At the end: final validation, test BLEU, ``RUNDIR/training.svg``, and a summary dict
-(train.py prints it as one JSON line).
+after launching update k + 1's forward and backward (:meth:`Trainer.train`). At the end:
+final validation, test BLEU, ``RUNDIR/training.svg``, and a summary dict (train.py prints it
+as one JSON line).
 
 Under ``mpirun`` only rank 0 logs, validates and writes; stop decisions (time, signals) are
 taken collectively so that no rank waits for ever in a collective that the others left.
@@ -624,7 +625,9 @@ class Trainer:
         with amp.autocast(self.policy):
             first = next(p.grad for _, p in self.params if p.grad is not None)
             with np.errstate(invalid="ignore"):      # 0 * inf is the point
-                first.reshape(-1)[:1] += (loss_sum * 0).astype(first.dtype)
+                # (A view of the first entry, whatever the layout: an integer index would
+                # make NumPy read the value back.)
+                first[(slice(0, 1),) * first.ndim] += (loss_sum * 0).astype(first.dtype)
             scale = self.scaler.scale if self.scaler.enabled else 1.0
             self.comm.allreduce_grads(self.model, scale=1.0 / (tokens * scale))
             if self.cfg.clip_norm > 0:

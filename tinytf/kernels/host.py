@@ -45,6 +45,7 @@ SHIM = r"""
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
 #include <ucontext.h>
 #define TINYTF_HOST_EMULATION 1
@@ -103,9 +104,12 @@ static void fiber_entry() {
     current_fiber->done = true;    // returning resumes the scheduler (uc_link)
 }
 
+static std::mutex launch_mutex;      // ctypes drops the GIL: one launch at a time
+
 template <typename... P, typename... A>
 static void launch(void (*kernel)(P...), unsigned gx, unsigned gy, unsigned bx, unsigned by,
                    A... args) {
+    std::lock_guard<std::mutex> lock(launch_mutex);
     gridDim = {gx, gy, 1};
     blockDim = {bx, by, 1};
     const unsigned threads = bx * by;
