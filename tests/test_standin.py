@@ -200,3 +200,53 @@ def test_the_gpu_test_suite_passes_on_the_stand_in():
     assert "needs a GPU" not in stdout, stdout[-3000:]
     passed = int(last.split(" passed")[0].split()[-1])
     assert passed >= 200, last
+
+
+DECODE_SCRIPT = r"""
+import json
+import numpy as np
+import cupy
+import tinytf
+from tinytf import search
+from tinytf.tensor import no_grad
+from tinytf.transformer import Transformer, TransformerConfig
+V = 101
+cfg = TransformerConfig.preset("tiny", vocab_size=V, d_model=16, n_heads=2, d_ff=32,
+                               n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, max_len=40)
+tinytf.manual_seed(0)
+model = Transformer(cfg).to("gpu").eval()
+src = np.random.default_rng(0).integers(4, V, (6, 9))
+out = {}
+with no_grad():
+    for name in ("greedy", "beam"):
+        state = model.start_decoding(model.encode(cupy.asarray(src)), cupy.asarray(src))
+        steps = []
+        def step_fn(tokens, state):
+            steps.append(1)
+            return model.decode_step(tokens, state)
+        cupy.transfers.clear()
+        cupy.transferred_bytes.clear()
+        max_lens = np.full(6, 12)
+        if name == "greedy":
+            hyps = search.greedy_search(step_fn, state, 6, max_lens)
+        else:
+            hyps = search.beam_search(step_fn, state, 6, max_lens, beam_size=4)
+        out[name] = {"steps": len(steps), "reads": sum(cupy.transfers.values()),
+                     "bytes": sum(cupy.transferred_bytes.values())}
+print(json.dumps(out))
+"""
+
+
+def test_decoding_reads_back_the_choices_not_the_scores():
+    """Greedy search on the GPU path brings back two numbers per sentence and step (the
+    argmax and its log-probability), beam search O(beam) per sentence, never the (N, V)
+    scores: on a GPU that copy would cost more than the decoder step."""
+    stdout, _ = _run(["-c", DECODE_SCRIPT])
+    out = json.loads(stdout.strip().splitlines()[-1])
+    n, k, vocab = 6, 4, 101
+    for name, per_row in (("greedy", 2 * 8), ("beam", 4 * k * 8)):
+        steps, reads, nbytes = out[name]["steps"], out[name]["reads"], out[name]["bytes"]
+        assert steps >= 2, out
+        assert nbytes <= steps * n * per_row, out          # int64 / float32 per choice
+        assert nbytes < steps * n * vocab * 4 / 4, out     # far from the scores themselves
+        assert reads <= 4 * steps, out

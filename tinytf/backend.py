@@ -139,15 +139,16 @@ _staging = PinnedStaging()
 def to_device_pinned(array, device: str):
     """:func:`to_device`, through :class:`PinnedStaging` for NumPy arrays going to the GPU
     (batches; not parameters: the staging buffers grow to the largest array copied)."""
-    if device == "gpu" and isinstance(array, np.ndarray):
+    if device == "gpu" and get_array_module(array) is np and isinstance(array, np.ndarray):
         return _staging.to_gpu(array)
     return to_device(array, device)
 
 
 def to_numpy(array) -> np.ndarray:
     """A NumPy array with the values of ``array`` (copied from the GPU if needed)."""
-    return array if isinstance(array, np.ndarray) else (
-        array.get() if hasattr(array, "get") else np.asarray(array))
+    if get_array_module(array) is not np:
+        return array.get()
+    return array if isinstance(array, np.ndarray) else np.asarray(array)
 
 
 def scatter_add(target, indices, values) -> None:

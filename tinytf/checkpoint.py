@@ -28,6 +28,8 @@ import zipfile
 
 import numpy as np
 
+from .backend import to_numpy
+
 FORMAT = "tinytf-checkpoint-1"
 LAST = "checkpoint_last.npz"
 BEST = "checkpoint_best.npz"
@@ -36,12 +38,6 @@ _NUMBERED = re.compile(r"^checkpoint_(\d+)\.npz$")
 
 class CheckpointError(RuntimeError):
     """A checkpoint file is missing, truncated, not a tinytf checkpoint, or does not fit."""
-
-
-def _to_numpy(array):
-    """Return a host ndarray (CuPy arrays have ``.get()``); never a copy for NumPy input."""
-    return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) else (
-        np.asarray(array))
 
 
 def _is_array(value) -> bool:
@@ -62,7 +58,7 @@ def pack_tree(tree, prefix: str, arrays: dict):
             key = f"{prefix}/{path}" if path else prefix
             if key in arrays:
                 raise CheckpointError(f"duplicate checkpoint key {key!r}")
-            arrays[key] = _to_numpy(node)
+            arrays[key] = to_numpy(node)
             return {"__array__": key, "__scalar__": isinstance(node, np.generic)}
         if isinstance(node, dict):
             return {"__dict__": [[str(k), walk(v, f"{path}/{k}" if path else str(k))]
@@ -160,7 +156,7 @@ def save(path, model_state: dict, *, optim_state=None, meta: dict | None = None)
     """
     arrays = {}
     for name, value in model_state.items():
-        arrays[f"model/{name}"] = _to_numpy(value)
+        arrays[f"model/{name}"] = to_numpy(value)
     meta = dict(meta or {})
     meta["format"] = FORMAT
     if optim_state is not None:

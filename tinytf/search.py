@@ -230,13 +230,20 @@ def greedy_search(
     for step in range(int(max_lens.max(initial=0)) + 1):
         if len(active) == 0:
             break
-        log_probs = to_numpy(step_fn(tokens, state)).copy()
-        log_probs[:, list(banned_ids)] = NEG_INF
-        forced = step >= max_lens[active]
-        log_probs[forced, :eos_id] = NEG_INF
-        log_probs[forced, eos_id + 1 :] = NEG_INF
-        best = log_probs.argmax(axis=1)
-        total[active] += log_probs[np.arange(len(active)), best]
+        # Banning, forcing and the argmax run where the scores are; only the chosen token and
+        # its log-probability come back (on a GPU, 2n numbers a step instead of n x V).
+        log_probs = step_fn(tokens, state).copy()
+        xp = get_array_module(log_probs)
+        if len(banned_ids):
+            log_probs[:, list(banned_ids)] = NEG_INF
+        forced = np.flatnonzero(step >= max_lens[active])
+        if len(forced):
+            rows = xp.asarray(forced)
+            log_probs[rows, :eos_id] = NEG_INF
+            log_probs[rows, eos_id + 1 :] = NEG_INF
+        best_dev = log_probs.argmax(axis=1)
+        best = to_numpy(best_dev)
+        total[active] += to_numpy(xp.take_along_axis(log_probs, best_dev[:, None], axis=1))[:, 0]
         for i, s in enumerate(active):
             if best[i] == eos_id:
                 done[s] = Hypothesis(tuple(out[s]), float(total[s]), float(total[s]))

@@ -8,10 +8,12 @@ from . import cuda  # noqa: F401  (cupy.cuda.*, as in CuPy)
 __version__ = "0.0-standin"
 
 transfers = _collections.Counter()   # device-to-host reads, by kind
+transferred_bytes = _collections.Counter()   # and their bytes
 
 
-def _count(kind):
+def _count(kind, array=None):
     transfers[kind] += 1
+    transferred_bytes[kind] += 0 if array is None else array.nbytes
 
 
 class ndarray(_np.ndarray):
@@ -22,7 +24,7 @@ class ndarray(_np.ndarray):
         return _np.asarray(array).view(ndarray)
 
     def get(self, stream=None, out=None):
-        _count("get")
+        _count("get", self)
         if out is not None:
             out[...] = self.view(_np.ndarray)
             return out
@@ -36,7 +38,7 @@ class ndarray(_np.ndarray):
         return self.view(_np.ndarray).item(*args)
 
     def tolist(self):
-        _count("tolist")
+        _count("tolist", self)
         return self.view(_np.ndarray).tolist()
 
     def __float__(self):
@@ -95,8 +97,9 @@ def ascontiguousarray(a, dtype=None):
 
 
 def asnumpy(a, stream=None):
-    _count("asnumpy")
-    return _np.array(_host(a), copy=True)
+    host = _np.array(_host(a), copy=True)
+    _count("asnumpy", host)
+    return host
 
 
 def get_array_module(*args):
