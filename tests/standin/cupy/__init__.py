@@ -129,18 +129,7 @@ class random:  # noqa: N801  (cupy.random)
     default_rng = _Generator
 
 
-class _Pool:
-    def free_all_blocks(self):
-        pass
-
-    def used_bytes(self):
-        return 0
-
-    def total_bytes(self):
-        return 0
-
-
-_pool = _Pool()
+_pool = cuda.MemoryPool()   # nothing to free: NumPy owns the memory
 
 
 def get_default_memory_pool():
