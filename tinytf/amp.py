@@ -40,7 +40,7 @@ import math
 import numpy as np
 
 from . import backend, kernels
-from .optim import flat_gradient
+from .optim import gradient_arrays
 from .tensor import Function, Tensor
 
 PRECISIONS = ("float32", "tf32", "bf16", "fp16")
@@ -247,11 +247,6 @@ def cast_inputs(op: str, *tensors):
 
 # ----- dynamic loss scaling --------------------------------------------------------------
 
-def _tensors(params) -> list:
-    """Tensors from a list of Tensors or of (name, Tensor) pairs."""
-    return [p[1] if isinstance(p, tuple) else p for p in params]
-
-
 class DynamicLossScaler:
     """Dynamic loss scaling for float16 training (Micikevicius et al. 2018; as torch's GradScaler).
 
@@ -314,9 +309,7 @@ class DynamicLossScaler:
         in train.py). Disabled: multiplies by ``extra_factor`` and returns False unchecked.
         On CuPy the check costs one host sync per step (one flag for all gradients).
         """
-        flat = flat_gradient(params)   # every gradient in one array: one pass, one launch
-        grads = [flat] if flat is not None else \
-            [p.grad for p in _tensors(params) if p.grad is not None]
+        grads = gradient_arrays(params)   # the flat buffer if any: one pass, one launch
         factor = extra_factor / self.scale if self.enabled else extra_factor
         if not self.enabled:
             if factor != 1.0:

@@ -139,6 +139,15 @@ def flat_gradient(params):
     return flat.grad if flat is not None and flat.grads_linked() else None
 
 
+def gradient_arrays(params) -> list:
+    """The arrays holding every gradient of ``params``: the one flat buffer when there is
+    one (:func:`flat_gradient`: a pass over all gradients is then one operation), else each
+    parameter's ``.grad`` (parameters without one left out)."""
+    flat = flat_gradient(params)
+    return [flat] if flat is not None else \
+        [p.grad for _, p in _named(params) if p.grad is not None]
+
+
 def grad_norm_array(params):
     """The L2 norm of all gradients together, as a 0-d float32 array on their device.
 
@@ -146,20 +155,15 @@ def grad_norm_array(params):
     the norm implies (clip, skip) and read the number later (docs/training.md, "One step
     in flight"). Parameters without a gradient count as 0; None when none has one.
     """
-    flat = flat_gradient(params)
-    if flat is not None:
-        xp = backend.get_array_module(flat)
-        return xp.asarray(xp.sqrt(flat @ flat))    # NumPy gives a scalar, CuPy a 0-d array
     total = None
-    for _, p in _named(params):
-        if p.grad is not None:
-            g = p.grad.reshape(-1)
-            sq = g @ g
-            total = sq if total is None else total + sq
+    for g in gradient_arrays(params):
+        g = g.reshape(-1)
+        sq = g @ g
+        total = sq if total is None else total + sq
     if total is None:
         return None
     xp = backend.get_array_module(total)
-    return xp.asarray(xp.sqrt(total))
+    return xp.asarray(xp.sqrt(total))     # NumPy gives a scalar, CuPy a 0-d array
 
 
 def grad_norm(params) -> float:
@@ -182,10 +186,7 @@ def clip_grad_norm_array(params, max_norm: float):
     xp = backend.get_array_module(norm)
     factor = xp.minimum(xp.divide(np.float32(max_norm), norm + np.float32(1e-6)),
                         np.float32(1.0))      # float32 scalars: no float64 on NumPy either
-    flat = flat_gradient(params)
-    grads = [flat] if flat is not None else \
-        [p.grad for _, p in _named(params) if p.grad is not None]
-    for g in grads:
+    for g in gradient_arrays(params):
         g *= factor.astype(g.dtype, copy=False)
     return norm
 
