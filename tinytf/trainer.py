@@ -847,17 +847,20 @@ class Trainer:
     def _decides(self, step: int) -> bool:
         """Whether reaching ``step`` may end the run or needs validation or a checkpoint
         (then the loop reads the update in flight before launching another)."""
-        cfg = self.cfg
-        return bool((cfg.max_steps and step >= cfg.max_steps)
-                    or step % cfg.valid_interval == 0 or step % cfg.save_interval == 0)
+        return bool(self.cfg.max_steps and step >= self.cfg.max_steps) or \
+            self._on_interval(step)
+
+    def _on_interval(self, step: int) -> bool:
+        """Whether ``step`` is due a validation or a checkpoint."""
+        return step % self.cfg.valid_interval == 0 or step % self.cfg.save_interval == 0
 
     def _interval_work(self, progress) -> bool:
         """Validate and/or save if the step count is on an interval (nothing in flight);
         True if a checkpoint was written. The pause is not counted as training time."""
         cfg = self.cfg
-        validate = self.step % cfg.valid_interval == 0
-        if not (validate or self.step % cfg.save_interval == 0):
+        if not self._on_interval(self.step):
             return False
+        validate = self.step % cfg.valid_interval == 0
         t_pause = time.perf_counter()
         if self.root:
             metrics = self.validate(cfg.valid_bleu_sentences) if validate else None
