@@ -18,9 +18,23 @@ from tinytf import distributed
 from tinytf.bpe import BPEFileError
 from tinytf.checkpoint import CheckpointError
 from tinytf.data import DataError
+from tinytf.schedule import SCHEDULES
 from tinytf.trainer import TrainConfig, TrainError, apply_overrides, train
 
 USER_ERRORS = (TrainError, DataError, CheckpointError, BPEFileError)
+
+
+def preset_defaults_text() -> str:
+    """The per-preset training defaults as --help lines (from TrainConfig.PRESET_DEFAULTS)."""
+    lines = []
+    for name, defaults in TrainConfig.PRESET_DEFAULTS.items():
+        label = "tiny" if name == "tiny" else "small, base, big"
+        flags = " ".join(f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else
+                         f"--{k.replace('_', '-')} {v}" for k, v in defaults.items())
+        peak = TrainConfig(config="tiny" if name == "tiny" else "base").tuned_peak()
+        lines.append(f"  {label + ':':17s} {flags} (peak lr {peak:.2e}"
+                     f"{' for base' if name != 'tiny' else ''})\n")
+    return "".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,12 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="train.py", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Without --max-steps and --max-minutes, training stops after 10 minutes.\n"
-               "Per-preset defaults:\n"
-               "  tiny:             --max-tokens 1024 --vocab-size 4000 --warmup 100 --lr-factor 0.2 "
-               "--save-interval 100\n"
-               "  small, base, big: --max-tokens 4096 --warmup 4000 --lr-factor 1 "
-               "--save-interval 1000 (the paper's schedule)\n"
-               "See docs/training.md.")
+               "Per-preset defaults:\n" + preset_defaults_text() + "See docs/training.md.")
     p.add_argument("--data", default=d.data, help="directory with train.SRC, train.TGT, "
                    f"dev.SRC, dev.TGT and optionally test.SRC, test.TGT (default: {d.data})")
     p.add_argument("--src", default=d.src, help=f"source language suffix (default: {d.src})")
@@ -53,8 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after N updates (counting the whole run)")
     p.add_argument("--max-minutes", type=float, metavar="M",
                    help="stop after M minutes of this invocation")
+    p.add_argument("--lr-schedule", choices=SCHEDULES,
+                   help="noam (the paper's: peak = factor * (d_model * warmup)^-0.5), "
+                        "inverse_sqrt (fairseq's, peak --lr), linear (warm up to --lr, then "
+                        "decay to zero at the end of --max-steps / --max-minutes). Default: "
+                        "the preset's; --lr-factor alone means noam, --lr alone the preset's "
+                        "schedule or, for a noam preset, inverse_sqrt")
+    p.add_argument("--lr", type=float, metavar="PEAK",
+                   help="peak learning rate (inverse_sqrt, linear)")
     p.add_argument("--warmup", type=int, metavar="N", help="warm-up updates of the schedule")
-    p.add_argument("--lr-factor", type=float, metavar="F", help="factor of the schedule")
+    p.add_argument("--lr-factor", type=float, metavar="F",
+                   help="factor of the paper's schedule (noam)")
     p.add_argument("--vocab-size", type=int, metavar="V",
                    help="joint BPE vocabulary, learnt when RUNDIR has none (default: tiny 4000, others 8000)")
     p.add_argument("--seed", type=int, default=d.seed, help=f"(default: {d.seed})")
@@ -93,7 +111,8 @@ def config_from_args(args) -> TrainConfig:
     cfg = TrainConfig(
         data=args.data, src=args.src, tgt=args.tgt, out=args.out, config=args.config,
         max_tokens=args.max_tokens, update_freq=args.update_freq, max_steps=args.max_steps,
-        max_minutes=args.max_minutes, warmup=args.warmup, lr_factor=args.lr_factor,
+        max_minutes=args.max_minutes, lr_schedule=args.lr_schedule, lr=args.lr,
+        warmup=args.warmup, lr_factor=args.lr_factor,
         vocab_size=args.vocab_size, seed=args.seed, resume=args.resume, device=args.device,
         precision=args.precision, cuda_graph=args.cuda_graph,
         log_interval=args.log_interval, save_interval=args.save_interval,

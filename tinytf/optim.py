@@ -1,4 +1,4 @@
-"""Adam, the paper's learning-rate schedule, and gradient clipping."""
+"""Adam and gradient clipping (the learning-rate schedules are in :mod:`tinytf.schedule`)."""
 from __future__ import annotations
 
 import math
@@ -6,16 +6,7 @@ import math
 import numpy as np
 
 from . import backend, kernels
-
-
-def noam_lr(step: int, d_model: int, warmup: int = 4000, factor: float = 1.0) -> float:
-    """lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (Vaswani et al. 5.3).
-
-    Rises linearly for ``warmup`` steps, peaks at factor * (d_model * warmup)^-0.5, then
-    decays with the inverse square root of the step. ``step`` counts from 1.
-    """
-    step = max(int(step), 1)
-    return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+from .schedule import noam_lr  # noqa: F401 - re-exported: optim.noam_lr is public API
 
 
 def _named(params) -> list:

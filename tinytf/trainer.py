@@ -43,7 +43,8 @@ from . import amp, backend, checkpoint, distributed
 from .bpe import BOS_ID, BPE, EOS_ID, PAD_ID
 from .cuda_graph import StepGraphs
 from .data import BatchIterator, ParallelCorpus, read_parallel
-from .optim import Adam, clip_grad_norm_array, grad_norm_array, noam_lr
+from .optim import Adam, clip_grad_norm_array, grad_norm_array
+from .schedule import SCHEDULES, Schedule
 from .search import greedy_search
 from .tensor import no_grad
 from .translation import BANNED_IDS, one_line
@@ -81,8 +82,10 @@ class TrainConfig:
     update_freq: int = 1              # batches accumulated per update
     max_steps: int | None = None      # stop after this many updates (0/None: no limit)
     max_minutes: float | None = None  # stop after this wall time (0/None: no limit)
+    lr_schedule: str | None = None    # noam | inverse_sqrt | linear (tinytf.schedule)
+    lr: float | None = None           # peak learning rate (inverse_sqrt, linear)
     warmup: int | None = None
-    lr_factor: float | None = None
+    lr_factor: float | None = None    # factor of the paper's schedule (noam)
     vocab_size: int | None = None     # joint BPE pieces (specials and 256 bytes included)
     seed: int = 1
     resume: bool = False
@@ -97,27 +100,28 @@ class TrainConfig:
     train_max_len: int = 128          # pairs with a longer side (tokens + </s>) are skipped
     valid_bleu_sentences: int = 200   # periodic dev BLEU on the first N dev pairs (0: all)
     test_bleu: bool = True            # decode test.SRC at the end if it exists
+    test_beam: int = 4                # beam size of the final test decoding (1: greedy only)
+    valid_samples: int = 3            # sample translations logged at every validation
     max_bad_steps: int = 5            # stop after this many non-finite steps in a row
 
     PRESET_DEFAULTS = {
-        # 10 minutes on 2 CPU cores is a few hundred updates of ~1k tokens: a warmup of 100
-        # (the paper's 4000 would never be reached) with factor 0.2 peaks at
-        # 0.2 * (256 * 100)^-0.5 = 1.25e-3; post-LN stays on the unigram plateau from a
-        # peak of 1.9e-3 up (docs/training.md). Small batches and a 4k vocabulary buy more
-        # updates in the budget.
-        "tiny": dict(max_tokens=1024, warmup=100, lr_factor=0.2, vocab_size=4000,
-                     save_interval=100),
+        # Measured on 2 CPU cores and the shipped corpus (docs/training.md, "The tiny
+        # recipe"): warm up to 2e-3 over 200 updates or 30 % of the budget, then decay to
+        # zero at its end; 2,048-token batches; a 4k BPE; the tiny preset's pre-LN.
+        "tiny": dict(max_tokens=2048, lr_schedule="linear", lr=2e-3, warmup=200,
+                     vocab_size=4000, save_interval=200),
         # The paper: warmup 4000, factor 1 (its batches held ~25k tokens per side).
-        "default": dict(max_tokens=4096, warmup=4000, lr_factor=1.0, vocab_size=8000,
-                        save_interval=1000),
+        "default": dict(max_tokens=4096, lr_schedule="noam", lr_factor=1.0, warmup=4000,
+                        vocab_size=8000, save_interval=1000),
     }
 
     def resolved(self) -> "TrainConfig":
         """A copy with every None default filled in (preset-dependent) and checked."""
-        defaults = self.PRESET_DEFAULTS.get(self.config, self.PRESET_DEFAULTS["default"])
+        defaults = self.preset_defaults()
         cfg = dataclasses.replace(self, model_overrides=dict(self.model_overrides))
+        cfg._resolve_schedule(defaults)
         for key, value in defaults.items():
-            if getattr(cfg, key) is None:
+            if getattr(cfg, key) is None and key not in ("lr", "lr_factor"):
                 setattr(cfg, key, value)
         if cfg.out is None:
             cfg.out = os.path.join("runs", f"{os.path.basename(os.path.normpath(cfg.data))}-"
@@ -128,6 +132,69 @@ class TrainConfig:
             cfg.max_minutes = 10.0  # never run unbounded by accident; documented in --help
         cfg.check()
         return cfg
+
+    def preset_defaults(self) -> dict:
+        """The training defaults of this run's preset."""
+        return self.PRESET_DEFAULTS.get(self.config, self.PRESET_DEFAULTS["default"])
+
+    def _resolve_schedule(self, defaults: dict) -> None:
+        """Choose the schedule from what the user set: ``--lr-factor`` alone asks for the
+        paper's schedule (noam), ``--lr`` alone for a schedule with that peak (the preset's
+        own, or inverse_sqrt where the preset's is noam); otherwise the preset's."""
+        if self.lr_schedule is None:
+            if self.lr_factor is not None and self.lr is not None:
+                raise TrainError("--lr (a peak) and --lr-factor (the factor of the paper's "
+                                 "schedule) exclude each other; pass --lr-schedule too to say "
+                                 "which schedule is meant")
+            if self.lr_factor is not None:
+                self.lr_schedule = "noam"
+            elif self.lr is not None and defaults["lr_schedule"] == "noam":
+                self.lr_schedule = "inverse_sqrt"
+            else:
+                self.lr_schedule = defaults["lr_schedule"]
+        if self.lr_schedule not in SCHEDULES:
+            raise TrainError(f"--lr-schedule {self.lr_schedule!r}: choose from "
+                             f"{', '.join(SCHEDULES)}")
+        if self.lr_schedule == "noam":
+            if self.lr is not None:
+                raise TrainError("--lr sets the peak of inverse_sqrt or linear; the paper's "
+                                 "schedule (noam) takes --lr-factor")
+            if self.lr_factor is None:
+                self.lr_factor = defaults.get("lr_factor", 1.0)
+        else:
+            if self.lr_factor is not None:
+                raise TrainError(f"--lr-factor is the factor of the paper's schedule (noam); "
+                                 f"--lr-schedule {self.lr_schedule} takes its peak as --lr")
+            if self.lr is None:
+                self.lr = defaults["lr"] if "lr" in defaults else self.tuned_peak()
+
+    def _preset_d_model(self) -> int:
+        return {**TransformerConfig.PRESETS.get(self.config, {}),
+                **self.model_overrides}.get("d_model", TransformerConfig.d_model)
+
+    def tuned_peak(self) -> float:
+        """The peak learning rate that this preset's defaults give (what it was tuned for)."""
+        d = self.preset_defaults()
+        if d["lr_schedule"] == "noam":
+            return d["lr_factor"] * (self._preset_d_model() * d["warmup"]) ** -0.5
+        return d["lr"]
+
+    def schedule(self) -> Schedule:
+        """The :class:`tinytf.schedule.Schedule` of this (resolved) config."""
+        if self.lr_schedule == "noam":
+            return Schedule("noam", self.warmup, factor=self.lr_factor,
+                            d_model=self._preset_d_model())
+        return Schedule(self.lr_schedule, self.warmup, peak=self.lr)
+
+    def schedule_warning(self) -> str | None:
+        """A warning when the peak is far (over 3x) from what the preset was tuned for."""
+        peak, tuned = self.schedule().peak_lr, self.tuned_peak()
+        if tuned / 3 <= peak <= tuned * 3:
+            return None
+        how = (" (the paper's schedule ties its peak to --warmup and d_model; --lr "
+               "sets a peak directly)" if self.lr_schedule == "noam" else "")
+        return (f"warning: peak learning rate {peak:.2e} is {peak / tuned:.2g}x the "
+                f"{tuned:.2e} that the {self.config} preset was tuned for{how}")
 
     def check(self) -> None:
         """Raise TrainError for values that cannot work."""
@@ -146,11 +213,11 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise TrainError(f"{key} must be at least 1, got {getattr(self, key)}")
-        for key in ("lr_factor",):
-            if not getattr(self, key) > 0:
+        for key in ("lr_factor", "lr"):
+            if getattr(self, key) is not None and not getattr(self, key) > 0:
                 raise TrainError(f"{key} must be positive, got {getattr(self, key)}")
         for key in ("max_steps", "max_minutes", "clip_norm", "keep_last",
-                    "valid_bleu_sentences"):
+                    "valid_bleu_sentences", "valid_samples", "test_beam"):
             if getattr(self, key) is not None and getattr(self, key) < 0:
                 raise TrainError(f"{key} must not be negative, got {getattr(self, key)}")
 
@@ -198,7 +265,7 @@ def apply_overrides(cfg: TrainConfig, assignments) -> TrainConfig:
             current = getattr(cfg, key)
             if current is None:  # an unresolved default: take the type from the preset value
                 current = TrainConfig.PRESET_DEFAULTS["default"].get(key, 0.0 if key in (
-                    "max_minutes",) else 0)
+                    "max_minutes", "lr") else 0)
             setattr(cfg, key, _parse_value(text, current, key))
         else:
             raise TrainError(f"--set {key}: unknown key; model keys are "
@@ -467,6 +534,9 @@ class Trainer:
         self.skipped = 0        # updates skipped (non-finite, fp16 overflow)
         self.launched = 0       # updates launched: applied + skipped + the one in flight
         self.best_dev_loss = None
+        self.schedule = cfg.schedule()
+        self._progress = None           # the running loop's clock (train())
+        self._progress_at_start = 0.0   # budget fraction spent before this invocation
         if resume is not None:
             self._restore(resume)
         self.manager = checkpoint.CheckpointManager(self.run_dir, cfg.keep_last) \
@@ -540,9 +610,13 @@ class Trainer:
         if self.scaler.enabled and ckpt.meta.get("loss_scaler", {}).get("enabled"):
             self.scaler.load_state_dict(ckpt.meta["loss_scaler"])
         self.best_dev_loss = ckpt.meta.get("best_dev_loss")
+        self._progress_at_start = float(ckpt.meta.get("budget_progress", 0.0))
+        if self.cfg.lr_schedule == "linear" and self._progress_at_start >= 1.0:
+            self.log.info("warning: the linear schedule of this run had already decayed to "
+                          "zero; resumed updates have learning rate 0")
         old = ckpt.meta.get("train_config", {})
-        changed = [k for k in ("seed", "max_tokens", "update_freq", "warmup", "lr_factor",
-                                "precision")
+        changed = [k for k in ("seed", "max_tokens", "update_freq", "lr_schedule", "lr",
+                                "warmup", "lr_factor", "precision")
                    if k in old and old[k] != getattr(self.cfg, k)]
         if changed:
             self.log.info("warning: resuming with changed " + ", ".join(
@@ -566,16 +640,29 @@ class Trainer:
             f"<= {cfg.max_tokens} tokens per epoch, update_freq {cfg.update_freq}")
         limits = [f"{cfg.max_steps} steps" if cfg.max_steps else "",
                   f"{cfg.max_minutes:g} minutes" if cfg.max_minutes else ""]
-        self.log.info(
-            f"schedule: lr = {cfg.lr_factor:g} * {mc.d_model}^-0.5 * min(step^-0.5, step * "
-            f"{cfg.warmup}^-1.5) (peak {self.lr(cfg.warmup):.2e} at step {cfg.warmup}); "
-            f"stop after {' or '.join(x for x in limits if x)}")
+        self.log.info(f"schedule: {self.schedule.describe()}; stop after "
+                      f"{' or '.join(x for x in limits if x)}")
+        warning = cfg.schedule_warning()
+        if warning:
+            self.log.info(warning)
 
     # ---- the step ----------------------------------------------------------------------
 
     def lr(self, step: int) -> float:
         """The learning rate of update ``step`` (counting from 1)."""
-        return noam_lr(step, self.model_cfg.d_model, self.cfg.warmup, self.cfg.lr_factor)
+        return self.schedule(step, self.budget_progress(step))
+
+    def budget_progress(self, step: int) -> float:
+        """The fraction of the run's budget spent when update ``step`` starts, for the
+        linear schedule: (step - 1) / max_steps, or the time of this invocation's training
+        over --max-minutes (continuing from the fraction a resumed checkpoint had spent),
+        whichever is further on."""
+        spent = [(step - 1) / self.cfg.max_steps] if self.cfg.max_steps else []
+        clock = self._progress
+        if clock is not None and math.isfinite(clock.budget):
+            spent.append(self._progress_at_start
+                         + (1.0 - self._progress_at_start) * clock.elapsed() / clock.budget)
+        return min(max(spent, default=0.0), 1.0)
 
     def train_step(self, batches) -> dict:
         """One whole update from ``batches``, synchronously: :meth:`forward_backward`,
@@ -753,6 +840,7 @@ class Trainer:
         metrics["dev_bleu"] = bleu(hyps, ref)
         metrics["dev_bleu_sentences"] = len(src)
         metrics["valid_seconds"] = time.perf_counter() - t0
+        metrics["samples"] = list(zip(src, ref, hyps))[:self.cfg.valid_samples]
         return metrics
 
     def save(self, metrics=None) -> str:
@@ -770,7 +858,8 @@ class Trainer:
             "skipped_steps": self.skipped,
             "loss_scaler": self.scaler.state_dict(),
             "best_dev_loss": self.best_dev_loss,
-            "metrics": {k: v for k, v in (metrics or {}).items()},
+            "budget_progress": self.budget_progress(self.step + 1),
+            "metrics": {k: v for k, v in (metrics or {}).items() if k != "samples"},
             "world_size": self.comm.size,
         }
         return self.manager.save(self.step, self.model.state_dict(),
@@ -792,7 +881,7 @@ class Trainer:
         cfg, comm = self.cfg, self.comm
         budget = cfg.max_minutes * 60.0 if cfg.max_minutes else math.inf
         stream = _forever(self.batches)
-        progress = _Progress(start_step=self.step, budget=budget)
+        progress = self._progress = _Progress(start_step=self.step, budget=budget)
         saved_step = self.step if cfg.resume else None
         checked_step = self.step        # the step count whose interval work is done
         in_flight = None                # the update launched last, outcome not read yet
@@ -916,12 +1005,7 @@ class Trainer:
         else:
             out["checkpoint"] = os.path.join(self.run_dir, f"checkpoint_{self.step}.npz")
         if self.cfg.test_bleu and self.test_lines is not None:
-            t0 = time.perf_counter()
-            with amp.autocast(self.policy):
-                hyps = greedy_translate(self.model, self.bpe, self.test_lines[0], self.device)
-            out["test_bleu"] = round(bleu(hyps, self.test_lines[1]), 2)
-            self.log.info(f"test BLEU {out['test_bleu']:.2f} (greedy, "
-                          f"{len(hyps)} sentences, {time.perf_counter() - t0:.0f}s)")
+            out.update(self._test())
         try:
             from .plot import write_training_plot  # noqa: PLC0415
             path = os.path.join(self.run_dir, "training.svg")
@@ -930,6 +1014,38 @@ class Trainer:
         except OSError as e:  # a plot must never cost the run
             self.log.info(f"warning: could not write the plot: {e}")
         return out
+
+    def _test(self) -> dict:
+        """Test BLEU, greedy and (``test_beam`` > 1) with the paper's beam search; logs a
+        few of the translations."""
+        src, ref = self.test_lines
+        out = {}
+        t0 = time.perf_counter()
+        with amp.autocast(self.policy):
+            hyps = greedy_translate(self.model, self.bpe, src, self.device)
+        out["test_bleu_greedy"] = round(bleu(hyps, ref), 2)
+        self.log.info(f"test BLEU {out['test_bleu_greedy']:.2f} (greedy, "
+                      f"{len(hyps)} sentences, {time.perf_counter() - t0:.0f}s)")
+        if self.cfg.test_beam > 1:
+            from .translation import SearchOptions, Translator  # noqa: PLC0415
+            t0 = time.perf_counter()
+            options = SearchOptions(beam_size=self.cfg.test_beam)
+            translator = Translator(self.model, self.bpe, self.device, self.policy.name)
+            hyps = [nbest[0][0] for nbest in translator.translate_lines(src, options)]
+            out["test_bleu_beam"] = round(bleu(hyps, ref), 2)
+            self.log.info(f"test BLEU {out['test_bleu_beam']:.2f} (beam {options.beam_size}, "
+                          f"alpha {options.alpha}, {len(hyps)} sentences, "
+                          f"{time.perf_counter() - t0:.0f}s)")
+        out["test_bleu"] = out.get("test_bleu_beam", out["test_bleu_greedy"])
+        self._log_samples("test", list(zip(src, ref, hyps))[:max(self.cfg.valid_samples, 3)])
+        return out
+
+    def _log_samples(self, name, samples) -> None:
+        """Source, reference and hypothesis of a few sentences, one line each."""
+        for i, (source, reference, hypothesis) in enumerate(samples, 1):
+            self.log.info(f"  {name} sample {i}  source     | {source}")
+            self.log.info(f"  {name} sample {i}  reference  | {reference}")
+            self.log.info(f"  {name} sample {i}  hypothesis | {hypothesis}")
 
     def _log_window(self, window, elapsed, budget, start_step):
         cfg = self.cfg
@@ -959,6 +1075,7 @@ class Trainer:
             f"{m['dev_nll']:.3f} | dev ppl {m['dev_ppl']:.1f} | dev BLEU {m['dev_bleu']:.2f} "
             f"({m['dev_bleu_sentences']} sentences, greedy) | {m['valid_seconds']:.0f}s")
         self.log.record(step=self.step, **{k: m[k] for k in ("dev_loss", "dev_nll", "dev_bleu")})
+        self._log_samples("dev", m.get("samples", []))
 
     # ---- signals: stop at a step boundary, never mid-update ----------------------------
 

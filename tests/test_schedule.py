@@ -1,0 +1,122 @@
+"""tinytf.schedule and how TrainConfig chooses a schedule from the user's flags."""
+import math
+
+import numpy as np
+import pytest
+
+from tinytf import schedule
+from tinytf.schedule import Schedule
+from tinytf.trainer import TrainConfig, TrainError
+
+
+def test_inverse_sqrt_is_fairseqs_formula():
+    peak, warmup = 5e-4, 400
+    s = Schedule("inverse_sqrt", warmup, peak=peak)
+    for step in (1, 2, 200, 399, 400, 401, 1600, 40000):
+        expected = peak * step / warmup if step <= warmup else peak * math.sqrt(warmup / step)
+        assert s(step) == pytest.approx(expected, rel=1e-12)
+    assert s.peak_lr == peak and max(s(k) for k in range(1, 2000)) == pytest.approx(peak)
+
+
+def test_inverse_sqrt_equals_noam_with_the_same_peak():
+    """The same curve: only how the peak is given differs."""
+    noam = Schedule("noam", 1000, factor=0.7, d_model=256)
+    inv = Schedule("inverse_sqrt", 1000, peak=noam.peak_lr)
+    for step in (1, 10, 999, 1000, 1001, 5000):
+        assert inv(step) == pytest.approx(noam(step), rel=1e-12)
+
+
+def test_noam_peak_moves_with_warmup_but_a_given_peak_does_not():
+    assert Schedule("noam", 1000, factor=0.2, d_model=256).peak_lr == pytest.approx(
+        Schedule("noam", 100, factor=0.2, d_model=256).peak_lr / math.sqrt(10))
+    for kind in ("inverse_sqrt", "linear"):
+        assert Schedule(kind, 1000, peak=2e-3).peak_lr == Schedule(kind, 100, peak=2e-3).peak_lr
+
+
+def test_linear_warms_up_holds_then_reaches_zero_at_the_end_of_the_budget():
+    s = Schedule("linear", 100, peak=2e-3)
+    steps = np.arange(1, 1001)
+    lrs = np.array([s(int(k), (k - 1) / 1000) for k in steps])
+    assert lrs.max() == pytest.approx(2e-3) and lrs.argmax() + 1 == 100
+    assert np.all(np.diff(lrs[:100]) > 0)                  # warm-up: 100 updates
+    assert np.all(lrs[99:301] == pytest.approx(2e-3))      # the peak, to 30 % of the budget
+    assert np.all(np.diff(lrs[301:]) < 0)                  # then linear decay
+    assert lrs[650] == pytest.approx(2e-3 * (1 - 0.65) / 0.7)
+    assert lrs[-1] == pytest.approx(2e-3 * (1 / 1000) / 0.7) and s(1001, 1.0) == 0.0
+    assert s(5, 1.5) == 0.0  # never negative past the budget
+
+
+def test_linear_warmup_ends_by_30_percent_of_the_budget():
+    """A warm-up longer than the run (the paper's 4000 in a few hundred updates) is cut at 30 %
+    of the budget, so the run still reaches its peak."""
+    assert schedule.LINEAR_WARMUP_CAP == 0.3
+    s = Schedule("linear", 4000, peak=1e-3)
+    assert s(30, 0.15) == pytest.approx(0.5e-3)
+    assert s(60, 0.3) == pytest.approx(1e-3)
+    assert s(90, 0.65) == pytest.approx(0.5e-3)
+    assert s(100, 0.001) == pytest.approx(1e-3 * 100 / 4000)  # long runs: the warmup's pace
+
+
+def test_a_schedule_needs_its_settings():
+    with pytest.raises(ValueError, match="peak"):
+        Schedule("linear", 10)
+    with pytest.raises(ValueError, match="factor"):
+        Schedule("noam", 10, peak=1e-3)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        Schedule("cosine", 10, peak=1e-3)
+
+
+def test_describe_names_the_formula_and_the_peak():
+    assert "peak 6.99e-04" in Schedule("noam", 4000, factor=1.0, d_model=512).describe()
+    assert "zero at the end" in Schedule("linear", 100, peak=2e-3).describe()
+
+
+# ---- TrainConfig: which schedule the flags mean -------------------------------------------
+
+def test_presets_state_their_peak_and_warmup_does_not_move_it():
+    tiny = TrainConfig().resolved()
+    assert tiny.lr_schedule == TrainConfig.PRESET_DEFAULTS["tiny"]["lr_schedule"]
+    assert tiny.schedule().peak_lr == pytest.approx(tiny.tuned_peak())
+    moved = TrainConfig(warmup=1000, max_tokens=4096).resolved()
+    assert moved.schedule().peak_lr == tiny.schedule().peak_lr
+    assert moved.schedule_warning() is None
+
+
+def test_base_keeps_the_papers_schedule():
+    base = TrainConfig(config="base").resolved()
+    assert (base.lr_schedule, base.lr_factor, base.warmup) == ("noam", 1.0, 4000)
+    assert base.schedule().peak_lr == pytest.approx((512 * 4000) ** -0.5)
+
+
+def test_lr_factor_alone_means_noam_and_warns_when_the_peak_moves_far():
+    cfg = TrainConfig(lr_factor=0.2, warmup=4000).resolved()
+    assert cfg.lr_schedule == "noam"
+    assert cfg.schedule().peak_lr == pytest.approx(0.2 * (256 * 4000) ** -0.5)
+    assert "tuned for" in cfg.schedule_warning()
+    base = TrainConfig(config="base", warmup=100).resolved()  # peak 6.3x the paper's
+    assert "ties its peak to --warmup" in base.schedule_warning()
+
+
+def test_lr_alone_on_a_noam_preset_means_inverse_sqrt():
+    cfg = TrainConfig(config="base", lr=5e-4).resolved()
+    assert cfg.lr_schedule == "inverse_sqrt" and cfg.schedule().peak_lr == 5e-4
+
+
+def test_contradictory_schedule_flags_are_errors():
+    with pytest.raises(TrainError, match="exclude each other"):
+        TrainConfig(lr=1e-3, lr_factor=1.0).resolved()
+    with pytest.raises(TrainError, match="takes --lr-factor"):
+        TrainConfig(lr_schedule="noam", lr=1e-3).resolved()
+    with pytest.raises(TrainError, match="takes its peak as --lr"):
+        TrainConfig(lr_schedule="linear", lr_factor=1.0).resolved()
+    with pytest.raises(TrainError, match="choose from"):
+        TrainConfig(lr_schedule="cosine").resolved()
+    with pytest.raises(TrainError, match="lr must be positive"):
+        TrainConfig(lr=-1.0).resolved()
+
+
+def test_resolving_twice_changes_nothing():
+    for cfg in (TrainConfig(), TrainConfig(config="base"), TrainConfig(lr_factor=0.5),
+                TrainConfig(config="big", lr=3e-4)):
+        once = cfg.resolved()
+        assert once.resolved() == once
