@@ -22,9 +22,9 @@ TINY = ["d_model=16", "n_heads=2", "d_ff=32", "n_encoder_layers=1", "n_decoder_l
 
 
 def _config(data_dir, out, **kw):
-    kw = {"save_interval": 1000, **kw}
+    kw = {"save_interval": 1000, "warmup": 4, "lr_factor": 1.0, **kw}
     cfg = TrainConfig(data=data_dir, out=str(out), vocab_size=300, max_tokens=200,
-                      log_interval=2, warmup=4, lr_factor=1.0, seed=3, **kw)
+                      log_interval=2, seed=3, **kw)
     return apply_overrides(cfg, TINY)
 
 
@@ -335,3 +335,47 @@ def test_a_non_finite_loss_skips_the_update_on_the_device(data_dir, tmp_path):
     for name, value in t.model.state_dict().items():
         np.testing.assert_array_equal(value, before[name])
     assert t.train_step([next(iter(t.batches))])["skipped"] is False and t.step == 2
+
+
+def test_linear_schedule_decays_to_the_step_budget_and_resumes_bitwise(data_dir, tmp_path):
+    """The budget-aware schedule by --max-steps: the last update's rate is the formula's at
+    (steps - 1) / steps spent, and a run stopped half-way (as by a signal) and resumed with
+    the same budget equals a straight one bitwise."""
+    n, kw = 4, dict(lr_schedule="linear", lr=1e-3, lr_factor=None, warmup=2, max_steps=8)
+    run = trainer.Trainer(_config(data_dir, tmp_path / "straight", **kw),
+                          log_stream=open(os.devnull, "w"))
+    run.train()
+    assert run.optimizer.lr == pytest.approx(run.schedule(2 * n, (2 * n - 1) / (2 * n)))
+    assert run.optimizer.lr == pytest.approx(1e-3 * (1 / (2 * n)) / 0.7)
+
+    class StopHalfWay(trainer.Trainer):
+        def _account(self, result, progress):
+            super()._account(result, progress)
+            self._signalled = self._signalled or self.step == n
+
+    stopped = StopHalfWay(_config(data_dir, tmp_path / "split", **kw),
+                          log_stream=open(os.devnull, "w")).train()
+    assert stopped["stopped"] == "signal" and n <= stopped["steps"] < 2 * n  # one in flight
+    _run(_config(data_dir, tmp_path / "split", resume=True, **kw))
+    a = checkpoint.load(tmp_path / "straight" / checkpoint.LAST)
+    b = checkpoint.load(tmp_path / "split" / checkpoint.LAST)
+    assert a.step == b.step == 2 * n
+    for name in a.model:
+        assert a.model[name].tobytes() == b.model[name].tobytes(), name
+    assert a.meta["budget_progress"] == b.meta["budget_progress"] == 1.0
+
+
+def test_schedule_flags_on_the_command_line(data_dir, tmp_path, capsys):
+    """--lr and --lr-factor together are a usage error; the log's first lines name the
+    schedule and its peak, and warn when the peak is far from the preset's."""
+    code, _, err = _train_main(capsys, "--out", str(tmp_path / "r"), "--lr", "1e-3",
+                               "--lr-factor", "1")
+    assert code == 2 and "exclude each other" in err and not (tmp_path / "r").exists()
+    sets = [a for s in TINY for a in ("--set", s)]
+    code, out, err = _train_main(capsys, "--data", data_dir, "--out", str(tmp_path / "w"),
+                                 "--max-steps", "1", "--vocab-size", "300", "--max-tokens",
+                                 "200", "--lr-factor", "0.05", "--warmup", "4000",
+                                 "--set", "test_bleu=false", *sets)
+    assert code == 0, err
+    assert "schedule: noam: lr = 0.05 * 16^-0.5" in err
+    assert "warning: peak learning rate" in err and "tuned for" in err
