@@ -2,7 +2,8 @@
 
 Quick map: :mod:`tinytf.tensor` (Tensor, autograd engine), :mod:`tinytf.ops` (the
 primitive ops), :mod:`tinytf.functional` (``F``), :mod:`tinytf.nn` (modules),
-:mod:`tinytf.optim` (Adam, schedule), :mod:`tinytf.backend` (NumPy or CuPy).
+:mod:`tinytf.optim` (Adam), :mod:`tinytf.schedule` (learning rates), :mod:`tinytf.backend`
+(NumPy or CuPy).
 """
 from . import backend, functional, nn, optim
 from .backend import manual_seed
