@@ -47,7 +47,7 @@ from .optim import Adam, clip_grad_norm_array, grad_norm_array
 from .schedule import SCHEDULES, Schedule
 from .search import greedy_search
 from .tensor import no_grad
-from .translation import BANNED_IDS, one_line
+from .translation import BANNED_IDS, SearchOptions, Translator, one_line
 from .transformer import Transformer, TransformerConfig, label_smoothed_loss
 
 BPE_FILE = "bpe.json"
@@ -1027,7 +1027,6 @@ class Trainer:
         self.log.info(f"test BLEU {out['test_bleu_greedy']:.2f} (greedy, "
                       f"{len(hyps)} sentences, {time.perf_counter() - t0:.0f}s)")
         if self.cfg.test_beam > 1:
-            from .translation import SearchOptions, Translator  # noqa: PLC0415
             t0 = time.perf_counter()
             options = SearchOptions(beam_size=self.cfg.test_beam)
             translator = Translator(self.model, self.bpe, self.device, self.policy.name)
