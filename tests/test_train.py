@@ -379,3 +379,20 @@ def test_schedule_flags_on_the_command_line(data_dir, tmp_path, capsys):
     assert code == 0, err
     assert "schedule: noam: lr = 0.05 * 16^-0.5" in err
     assert "warning: peak learning rate" in err and "tuned for" in err
+
+
+def test_time_budget_progress_continues_from_a_resumed_fraction(data_dir, tmp_path):
+    """--max-minutes: the budget spent is this invocation's clock over its budget, continuing
+    from the fraction a resumed checkpoint had spent; the larger of step and time wins."""
+    import time
+    run = trainer.Trainer(_config(data_dir, tmp_path / "r", max_minutes=1.0),
+                          log_stream=open(os.devnull, "w"))
+    run._progress_at_start = 0.5
+    run._progress = trainer._Progress(start_step=0, budget=100.0,
+                                      t_start=time.perf_counter() - 50.0)
+    assert run.budget_progress(1) == pytest.approx(0.75, abs=1e-3)
+    run._progress.t_start -= 1000.0
+    assert run.budget_progress(1) == 1.0        # never past the end
+    run.cfg.max_steps = 10
+    run._progress = None
+    assert run.budget_progress(6) == pytest.approx(0.5)
