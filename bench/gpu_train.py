@@ -96,12 +96,12 @@ def _tinytf_model(dev: Device, cfg):
     """(model, Adam): a fresh model from seed 0 on the device, in training mode."""
     import tinytf
     from tinytf import transformer
-    from tinytf.optim import Adam
+    from tinytf.fast import adam
 
     dev.free()  # what the previous run left in CuPy's pool
     tinytf.manual_seed(0)
     model = transformer.Transformer(cfg).to(dev.name).train()
-    return model, Adam(model.named_parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    return model, adam(model.named_parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
 
 def _summed_loss(model, cfg, batch):
@@ -263,12 +263,12 @@ def tinytf_graph_train(dev: Device, cfg, mode: str, batch, steps: int, warmup: i
     out = {}
     opt, fb = build(dataclasses.replace(cfg, dropout=0.0))
     fb()
-    eager = opt._flat.grad.copy()
+    eager = opt.flat_buffers.grad.copy()
     opt.zero_grad()
     graph = CapturedStep(fb, [p for _, p in opt.params])
     graph()
     dev.sync()
-    diff = dev.xp.linalg.norm(opt._flat.grad - eager) / dev.xp.linalg.norm(eager)
+    diff = dev.xp.linalg.norm(opt.flat_buffers.grad - eager) / dev.xp.linalg.norm(eager)
     out["grad_rel_diff"] = float(diff)
     del graph, opt, fb, eager
 

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from tinytf import amp, manual_seed  # noqa: E402
 from tinytf import functional as F  # noqa: E402
-from tinytf.optim import Adam  # noqa: E402
+from tinytf.fast import adam  # noqa: E402
 from tinytf.tensor import _topological_order  # noqa: E402
 from tinytf.transformer import Transformer, TransformerConfig  # noqa: E402
 
@@ -41,7 +41,7 @@ def build(seed: int = 0):
     manual_seed(seed)
     cfg = TransformerConfig.preset("base", d_model=64, n_heads=8, d_ff=128, vocab_size=256)
     model = Transformer(cfg).train()
-    opt = Adam(model.named_parameters(), lr=1e-4)
+    opt = adam(model.named_parameters(), lr=1e-4)
     g = np.random.default_rng(seed)
     src = g.integers(4, cfg.vocab_size, (4, 8))
     tgt = g.integers(4, cfg.vocab_size, (4, 9))

@@ -12,7 +12,7 @@ from tinytf import backend, trainer
 from tinytf.bpe import BOS_ID, EOS_ID, PAD_ID
 from tinytf.cuda_graph import EagerReplay, StepGraphs, bucket_shape, pad_batch
 from tinytf.data import Batch
-from tinytf.optim import Adam
+from tinytf.fast import adam
 from tinytf.trainer import TrainConfig, TrainError, apply_overrides
 from tinytf.transformer import Transformer, TransformerConfig, label_smoothed_loss
 
@@ -96,7 +96,7 @@ def test_step_graphs_equal_the_unpadded_step():
     one graph per shape, reused; least recently used dropped beyond max_graphs."""
     rng = np.random.default_rng(1)
     model = _model()
-    opt = Adam(model.named_parameters(), lr=1e-3)
+    opt = adam(model.named_parameters(), lr=1e-3)
     _eager_grads(model, _batch(rng, 3, 5, 4))
     opt.step()                                   # builds the flat buffers
     opt.zero_grad()
@@ -109,7 +109,7 @@ def test_step_graphs_equal_the_unpadded_step():
         loss = graphs.run(batch, seed=7)
         assert float(loss.data) == pytest.approx(loss_ref, rel=1e-5)
         for name, p in model.named_parameters():
-            assert p.grad is p._grad_buffer, name          # the flat buffer's slot
+            assert p.grad is p.grad_buffer, name          # the flat buffer's slot
             np.testing.assert_allclose(p.grad, grads_ref[name], rtol=2e-4, atol=1e-6,
                                        err_msg=name)
     # (3, 5, 4) and (3, 6, 3) share the shape (3, 8, 8); (19, 7, 9) pads to 20 rows.
@@ -121,7 +121,7 @@ def test_step_graphs_equal_the_unpadded_step():
 def test_step_graphs_never_pad_beyond_the_models_length():
     rng = np.random.default_rng(3)
     model = _model(max_len=61)                   # positions 0..60
-    opt = Adam(model.named_parameters(), lr=1e-3)
+    opt = adam(model.named_parameters(), lr=1e-3)
     _eager_grads(model, _batch(rng, 2, 4, 4))
     opt.step()
     graphs = StepGraphs(_loss_fn(model), opt, "cpu", capture=EagerReplay, max_len=61)
@@ -135,7 +135,7 @@ def test_step_graphs_never_pad_beyond_the_models_length():
 def test_step_graphs_recapture_when_the_flat_buffer_is_rebuilt():
     rng = np.random.default_rng(2)
     model = _model()
-    opt = Adam(model.named_parameters(), lr=1e-3)
+    opt = adam(model.named_parameters(), lr=1e-3)
     assert not StepGraphs(_loss_fn(model), opt, "cpu", capture=EagerReplay).ready()
     _eager_grads(model, _batch(rng, 2, 4, 4))
     opt.step()

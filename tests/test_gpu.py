@@ -9,7 +9,7 @@ import pytest
 
 import tinytf
 from tinytf import amp, backend, kernels, search
-from tinytf.optim import Adam
+from tinytf.fast import adam
 from tinytf.transformer import Transformer, TransformerConfig, label_smoothed_loss
 
 
@@ -99,7 +99,7 @@ def _train_on_gpu(precision, scaler, steps=30):
     ``scaler`` scales the loss and divides the gradients by the token count."""
     tinytf.manual_seed(0)
     model = Transformer(small_config()).to("gpu").train()
-    opt = Adam(model.named_parameters(), lr=3e-3)
+    opt = adam(model.named_parameters(), lr=3e-3)
     src, tgt_in, tgt = (cp.asarray(a) for a in batch())
     losses = []
     for _ in range(steps):
@@ -188,7 +188,7 @@ def _graph_setup(dropout, precision="bf16"):
     from tinytf import functional as F
     tinytf.manual_seed(0)
     model = Transformer(small_config(dropout=dropout)).to("gpu").train()
-    opt = Adam(model.named_parameters(), lr=3e-3)
+    opt = adam(model.named_parameters(), lr=3e-3)
     src, tgt_in, tgt = (cp.asarray(a) for a in batch())
 
     def forward_backward():
@@ -209,7 +209,7 @@ def test_a_captured_step_replays_the_ordinary_steps_gradients(precision):
     from tinytf.cuda_graph import CapturedStep
     opt, fb = _graph_setup(dropout=0.0, precision=precision)
     loss = fb()
-    eager, eager_loss = opt._flat.grad.copy(), float(loss.item())
+    eager, eager_loss = opt.flat_buffers.grad.copy(), float(loss.item())
     opt.zero_grad()
     step = CapturedStep(fb, [p for _, p in opt.params])
     # cuBLAS may pick other algorithms with the capture's workspace: equal to rounding.
@@ -220,7 +220,7 @@ def test_a_captured_step_replays_the_ordinary_steps_gradients(precision):
         cp.cuda.Device().synchronize()
         assert all(p.grad is not None for _, p in opt.params)
         np.testing.assert_allclose(float(replayed.item()), eager_loss, rtol=tol)
-        diff = float(cp.linalg.norm(opt._flat.grad - eager) / cp.linalg.norm(eager))
+        diff = float(cp.linalg.norm(opt.flat_buffers.grad - eager) / cp.linalg.norm(eager))
         assert diff < tol, diff
 
 
@@ -246,7 +246,7 @@ def test_captured_step_graphs_of_several_shapes_share_a_pool_and_match_eager():
     from tinytf.transformer import label_smoothed_loss
     tinytf.manual_seed(0)
     model = Transformer(small_config(dropout=0.0)).to("gpu").train()
-    opt = Adam(model.named_parameters(), lr=1e-3)
+    opt = adam(model.named_parameters(), lr=1e-3)
     g = np.random.default_rng(5)
 
     def make(b, s, t):
@@ -265,7 +265,7 @@ def test_captured_step_graphs_of_several_shapes_share_a_pool_and_match_eager():
         opt.zero_grad()
         loss = loss_fn(*(cp.asarray(a) for a in (batch.src, batch.tgt_in, batch.tgt_out)))
         loss.backward()
-        return float(loss.item()), opt._flat.grad.copy()
+        return float(loss.item()), opt.flat_buffers.grad.copy()
     batches = [make(5, 7, 6), make(12, 3, 4), make(5, 6, 5), make(30, 9, 9)]
     eager(batches[0])
     opt.step()
@@ -275,7 +275,7 @@ def test_captured_step_graphs_of_several_shapes_share_a_pool_and_match_eager():
         opt.zero_grad()
         loss = float(graphs.run(batch, seed=11).item())
         assert loss == pytest.approx(ref_loss, rel=1e-4)
-        diff = float(cp.linalg.norm(opt._flat.grad - ref_grad) / cp.linalg.norm(ref_grad))
+        diff = float(cp.linalg.norm(opt.flat_buffers.grad - ref_grad) / cp.linalg.norm(ref_grad))
         assert diff < 1e-4, diff
     assert graphs.captures == 3 and len({id(e[0].pool) for e in graphs.graphs.values()}) == 1
 

@@ -24,6 +24,7 @@ import tinytf
 from tinytf import amp, kernels
 from tinytf import functional as F
 from tinytf.kernels import _runtime, gemm, host, sources
+from tinytf.fast import FusedAdam
 from tinytf.optim import Adam
 from tinytf.tensor import Tensor
 
@@ -217,7 +218,7 @@ def test_masked_softmax_matches_attention_masking(on_cpu, mask_shape):
     mask = rng.random(mask_shape) > 0.4
     mask[..., 0, :] = False                      # a fully masked row: uniform, not NaN
     y = kernels.softmax_forward(x, mask=mask)
-    # The NumPy path of ops.nn.attention_weights: fill with the most negative float32.
+    # The NumPy path of ops.attention.attention_weights: fill with the most negative float32.
     filled = np.where(np.broadcast_to(mask, x.shape), x, np.finfo(np.float32).min)
     ref = Tensor(filled).softmax(-1).data
     np.testing.assert_allclose(y, ref, rtol=2e-6, atol=1e-7)
@@ -488,12 +489,12 @@ def test_adam_step_matches_optim_adam(on_cpu, kind):
 @needs_cxx
 @pytest.mark.parametrize("flat", [True, False])
 def test_adam_hands_the_skip_flag_to_the_kernel(on_cpu, flat):
-    """Adam.step(skip=flag) with the kernels running passes the device flag to the Adam
-    kernel instead of reading it (the trainer's step decided on the device): a set flag
-    leaves parameters and moments as they were, a clear one steps."""
+    """FusedAdam.step(skip=flag) with the kernels running passes the device flag to the
+    Adam kernel instead of reading it (the trainer's step decided on the device): a set
+    flag leaves parameters and moments as they were, a clear one steps."""
     params = [tinytf.nn.Parameter(rng.standard_normal(s).astype(np.float32))
               for s in ((4, 3), (5,))]
-    opt = Adam(params, lr=1e-2, flat=flat)
+    opt = FusedAdam(params, lr=1e-2, flat=flat)
     assert opt._kernel_updates()
     for p in params:
         p.grad = rng.standard_normal(p.shape).astype(np.float32)

@@ -158,12 +158,12 @@ def test_flat_adam_equals_adam_one_parameter_at_a_time():
         for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
             np.testing.assert_array_equal(p.data, q.data, err_msg=name)
             np.testing.assert_array_equal(opt_a.exp_avg_sq[name], opt_b.exp_avg_sq[name])
-    flat = opt_a._flat
-    assert flat is not None and opt_b._flat is None
+    flat = opt_a.flat_buffers
+    assert flat is not None and opt_b.flat_buffers is None
     # Parameters, moments and the gradient slots are views of the four flat buffers.
     for p, (_, q) in zip(flat.params, a.named_parameters()):
         assert p is q and np.shares_memory(p.data, flat.data)
-        assert np.shares_memory(p._grad_buffer, flat.grad)
+        assert np.shares_memory(p.grad_buffer, flat.grad)
     assert all(np.shares_memory(opt_a.exp_avg[n], flat.moments[0]) for n, _ in opt_a.params)
 
 
@@ -171,7 +171,7 @@ def test_backward_writes_gradients_into_the_flat_buffer():
     model = _mlp()
     opt = optim.Adam(model.named_parameters(), lr=0.01)
     _train_steps(model, opt, 1)
-    flat = opt._flat
+    flat = opt.flat_buffers
     from tinytf import functional as F
     x = Tensor(np.ones((2, 6), np.float32))
     (F.relu(model(x)) ** 2).sum().backward()
@@ -203,15 +203,15 @@ def test_flat_adam_relinks_after_the_arrays_are_replaced():
     _train_steps(b, opt_b, 2)
     for (name, p), (_, q) in zip(c.named_parameters(), b.named_parameters()):
         np.testing.assert_array_equal(p.data, q.data, err_msg=name)
-    assert opt_c._flat.linked([p for _, p in opt_c.params])
+    assert opt_c.flat_buffers.linked([p for _, p in opt_c.params])
     # A gradient replaced by a new array is gathered back into the buffer.
     from tinytf import functional as F
     (F.relu(c(Tensor(np.ones((2, 6), np.float32)))) ** 2).sum().backward()
-    first = opt_c._flat.params[0]
+    first = opt_c.flat_buffers.params[0]
     first.grad = first.grad.copy()
     assert optim.flat_gradient(opt_c.params) is None
     opt_c.step()
-    assert opt_c._flat.grads_linked()
+    assert opt_c.flat_buffers.grads_linked()
 
 
 def test_flat_adam_skips_parameters_without_a_gradient():
@@ -244,10 +244,10 @@ def test_single_process_allreduce_scales_the_flat_buffer_in_place():
     opt = optim.Adam(model.named_parameters(), lr=0.01)
     _train_steps(model, opt, 1)
     (F.relu(model(Tensor(np.ones((2, 6), np.float32)))) ** 2).sum().backward()
-    before = opt._flat.grad.copy()
+    before = opt.flat_buffers.grad.copy()
     SingleCommunicator().allreduce_grads(model, scale=0.5)
-    assert opt._flat.grads_linked()
-    np.testing.assert_array_equal(opt._flat.grad, before * np.float32(0.5))
+    assert opt.flat_buffers.grads_linked()
+    np.testing.assert_array_equal(opt.flat_buffers.grad, before * np.float32(0.5))
 
 
 @pytest.mark.parametrize("flat", [True, False])

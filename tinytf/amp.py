@@ -4,13 +4,15 @@ The design is PyTorch's autocast + GradScaler, in tinytf's terms:
 
 - **Parameters stay float32.** They are the master weights, and Adam's moments, built
   with the parameter's dtype, are float32 too. Nothing about the optimizer changes.
-- **Under** ``autocast("bf16")`` **the matrix products run in 16 bits.** ``F.linear``
-  passes the compute dtype to the ``Linear`` op (:func:`compute_dtype`), which casts its
-  float32 input and weight itself (:func:`to_compute`), adds the float32 bias to its
+- **Under** ``autocast("bf16")`` **the matrix products run in 16 bits.** :func:`autocast`
+  wraps the op table's entries for the block (:data:`AUTOCAST_OPS`). The ``Linear`` op of
+  the fast paths (``fast.FusedLinear``) is passed the compute dtype (:func:`compute_dtype`)
+  and casts its float32 input and weight itself (:func:`to_compute`), adds the float32 bias to its
   16-bit output, and forms the weight's and bias's gradients as float32 sums straight
   from the 16-bit operands: no cast nodes in the graph, every ``param.grad`` float32, and
-  Adam updates float32 weights. ``attention`` and
-  ``matmul`` call :func:`cast_inputs`, which casts float32 inputs through :class:`CastTo`,
+  Adam updates float32 weights. ``attention`` (and the reference ``Linear``, with the
+  fast paths off) get their inputs through :func:`cast_inputs`, which casts float32 inputs
+  through :class:`CastTo`,
   a differentiable cast whose backward turns the 16-bit gradient back into float32. On
   the GPU the products run on tensor cores with float32 accumulation (``kernels.matmul``).
 - **Range-sensitive ops run in float32**: ``softmax``, ``log_softmax``, ``layer_norm`` and
@@ -41,6 +43,7 @@ import numpy as np
 
 from . import backend, kernels
 from .optim import gradient_arrays
+from .dispatch import impl
 from .tensor import Function, Tensor
 
 PRECISIONS = ("float32", "tf32", "bf16", "fp16")
@@ -150,23 +153,55 @@ def active() -> Policy | None:
     return _policy
 
 
+AUTOCAST_OPS = {"Linear": "linear", "Attention": "attention", "Softmax": "softmax",
+                "LogSoftmax": "log_softmax", "LayerNorm": "layer_norm",
+                "CrossEntropy": "cross_entropy"}
+"""The op-table entries that :func:`autocast` wraps, and the name :func:`cast_inputs` knows
+each by."""
+
+
 @contextlib.contextmanager
 def autocast(precision="bf16", enabled: bool = True):
     """Run the block's forward pass under ``precision`` (a name or a :class:`Policy`).
 
+    Under "bf16"/"fp16" the op table's entries of :data:`AUTOCAST_OPS` are replaced, for
+    the block, by subclasses whose ``apply`` first casts the inputs as the policy says
+    (:func:`cast_inputs`), or, for an op that casts inside itself (``takes_compute_dtype``:
+    ``fast.FusedLinear``), passes it the compute dtype. The model code does not change.
     Backward may run outside the block: the casts were recorded in the graph.
     """
     global _policy
     policy = Policy(precision) if enabled else None
     prev, prev_tf32 = _policy, kernels.tf32_enabled()
+    saved = {name: getattr(impl, name) for name in AUTOCAST_OPS}
     _policy = policy if policy is not None and policy.name != "float32" else None
     if policy is not None:
         kernels.set_tf32(policy.tf32)
+    for name, op in AUTOCAST_OPS.items():
+        base = getattr(saved[name], "autocast_base", saved[name])
+        impl.replace(name, _autocasting(base, op) if _policy and _policy.low_precision
+                     else base)
     try:
         yield policy
     finally:
         _policy = prev
         kernels.set_tf32(prev_tf32)
+        for name, cls in saved.items():
+            impl.replace(name, cls)
+
+
+@functools.cache
+def _autocasting(cls, op: str):
+    """``cls`` whose ``apply`` casts its inputs for op ``op`` under the active policy."""
+    if getattr(cls, "takes_compute_dtype", False):
+        def apply(_, *inputs, **kwargs):
+            return cls.apply(*inputs, compute_dtype=compute_dtype(op, *inputs), **kwargs)
+    else:
+        def apply(_, *inputs, **kwargs):
+            return cls.apply(*cast_inputs(op, *inputs), **kwargs)
+    return type(f"Autocast{cls.__name__}", (cls,), {
+        "apply": classmethod(apply), "autocast_base": cls, "__module__": __name__,
+        "__doc__": f"{cls.__name__} with its inputs cast by amp.autocast ({op!r})."})
 
 
 class CastTo(Function):

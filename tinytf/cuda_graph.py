@@ -215,7 +215,7 @@ class StepGraphs:
 
     def ready(self) -> bool:
         """Whether the optimizer's flat buffers exist and hold the parameters."""
-        flat = getattr(self.optimizer, "_flat", None)
+        flat = getattr(self.optimizer, "flat_buffers", None)
         return flat is not None and flat.linked(flat.params)
 
     def run(self, batch, seed: int | None = None):
@@ -225,7 +225,7 @@ class StepGraphs:
         holding this batch's gradient (not accumulated: see the trainer). The returned
         loss lives in the graphs' shared memory: read or copy it before the next call.
         """
-        flat = self.optimizer._flat
+        flat = self.optimizer.flat_buffers
         if flat is not self.flat:          # a new buffer: graphs captured on the old are void
             self.graphs.clear()
             self.flat = flat

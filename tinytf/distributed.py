@@ -578,7 +578,7 @@ def _flat_buffer(named):
 
 def _owns(p) -> bool:
     """Whether ``p.grad`` is the parameter's own slot of a flat gradient buffer."""
-    return p.grad is not None and p.grad is p._grad_buffer
+    return p.grad is not None and p.grad is p.grad_buffer
 
 
 def _store(summed, grad, scale, own: bool = False):

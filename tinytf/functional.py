@@ -1,13 +1,15 @@
 """Functional interface, mirroring ``torch.nn.functional`` where a counterpart exists.
 
 Arguments that are integer ids or boolean masks may be arrays or Tensors; they never get
-a gradient.
+a gradient. Every op is called through the op table (:mod:`tinytf.dispatch`): the reference
+class of :mod:`tinytf.ops`, or what :mod:`tinytf.fast` or ``amp.autocast`` put in its place.
 """
 from __future__ import annotations
 
 import math
 
-from . import amp, ops
+from .dispatch import impl
+from .ops.attention import attention_weights
 from .tensor import Tensor, _data
 
 
@@ -22,39 +24,33 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
 
     ``activation="relu"`` gives relu(x @ weight.T + bias) as one node (the feed-forward
     network's first layer), equal to ``relu(linear(x, weight, bias))``.
-    Under ``amp.autocast("bf16"/"fp16")`` the op itself casts its float32 operands to the
-    compute dtype (see ``ops.Linear``); the parameters' gradients stay float32.
     """
-    dtype = amp.compute_dtype("linear", x)
     inputs = (x, weight) if bias is None else (x, weight, bias)
-    return ops.Linear.apply(*inputs, compute_dtype=dtype, activation=activation)
+    return impl.Linear.apply(*inputs, activation=activation)
 
 
 def relu(x: Tensor) -> Tensor:
     """max(x, 0)."""
-    return ops.ReLU.apply(x)
+    return impl.ReLU.apply(x)
 
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """exp(x_i) / sum_j exp(x_j) along ``axis``."""
-    (x,) = amp.cast_inputs("softmax", x)
-    return ops.Softmax.apply(x, axis=axis)
+    return impl.Softmax.apply(x, axis=axis)
 
 
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     """x_i - log sum_j exp(x_j) along ``axis``."""
-    (x,) = amp.cast_inputs("log_softmax", x)
-    return ops.LogSoftmax.apply(x, axis=axis)
+    return impl.LogSoftmax.apply(x, axis=axis)
 
 
 def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
     """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased variance)."""
-    x, weight, bias = amp.cast_inputs("layer_norm", x, weight, bias)
     inputs = [x] + [t for t in (weight, bias) if t is not None]
     if weight is None and bias is not None:
         raise ValueError("layer_norm: a bias without a weight is not supported")
-    return ops.LayerNorm.apply(*inputs, eps=eps)
+    return impl.LayerNorm.apply(*inputs, eps=eps)
 
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
@@ -65,7 +61,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
         return x
     if p == 1.0:  # everything dropped, as in PyTorch
         return x * 0.0
-    return ops.Dropout.apply(x, p=p)
+    return impl.Dropout.apply(x, p=p)
 
 
 def dropout_add(x: Tensor, residual: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
@@ -79,17 +75,17 @@ def dropout_add(x: Tensor, residual: Tensor, p: float = 0.5, training: bool = Tr
         return residual + x
     if p == 1.0:
         return residual + x * 0.0
-    return ops.DropoutAdd.apply(x, residual, p=p)
+    return impl.DropoutAdd.apply(x, residual, p=p)
 
 
 def embedding(ids, weight: Tensor) -> Tensor:
     """weight[ids]: rows of the embedding matrix; repeated ids accumulate gradient."""
-    return ops.Embedding.apply(weight, _int_tensor(ids))
+    return impl.Embedding.apply(weight, _int_tensor(ids))
 
 
 def masked_fill(x: Tensor, mask, value: float) -> Tensor:
     """``value`` where the boolean ``mask`` is True, ``x`` elsewhere."""
-    return ops.MaskedFill.apply(x, mask=_data(mask), value=value)
+    return impl.MaskedFill.apply(x, mask=_data(mask), value=value)
 
 
 def cross_entropy(logits: Tensor, target, label_smoothing: float = 0.0,
@@ -101,8 +97,7 @@ def cross_entropy(logits: Tensor, target, label_smoothing: float = 0.0,
     (when every row is ignored, "mean" returns 0 where PyTorch returns NaN: an empty
     batch should not poison a sum of losses).
     """
-    (logits,) = amp.cast_inputs("cross_entropy", logits)
-    return ops.CrossEntropy.apply(logits, _int_tensor(target), label_smoothing=label_smoothing,
+    return impl.CrossEntropy.apply(logits, _int_tensor(target), label_smoothing=label_smoothing,
                                   ignore_index=ignore_index, reduction=reduction)
 
 
@@ -114,11 +109,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask=None, dropout: float = 0.0,
     With ``return_weights`` also returns the attention weights array (no gradient).
     """
     mask = _data(mask)
-    q, k, v = amp.cast_inputs("attention", q, k, v)
-    out = ops.Attention.apply(q, k, v, mask=mask, dropout=dropout if training else 0.0)
+    out = impl.Attention.apply(q, k, v, mask=mask, dropout=dropout if training else 0.0)
     if not return_weights:
         return out
-    return out, ops.nn.attention_weights(q.data, k.data, mask, 1.0 / math.sqrt(q.shape[-1]))
+    return out, attention_weights(q.data, k.data, mask, 1.0 / math.sqrt(q.shape[-1]))
 
 
 def split(x: Tensor, sizes, axis: int = 0) -> tuple:
@@ -133,7 +127,7 @@ def split(x: Tensor, sizes, axis: int = 0) -> tuple:
         if sizes < 1:
             raise ValueError(f"split: a piece size must be >= 1, got {sizes}")
         sizes = [min(sizes, n - lo) for lo in range(0, n, sizes)] or [0]
-    return ops.Split.apply(x, sizes=list(sizes), axis=axis)
+    return impl.Split.apply(x, sizes=list(sizes), axis=axis)
 
 
 def split_heads(x: Tensor, n_heads: int, parts: int = 1):
@@ -141,28 +135,28 @@ def split_heads(x: Tensor, n_heads: int, parts: int = 1):
     tensor when ``parts`` is 1.
 
     For a fused projection such as [Q | K | V] (parts=3): each part cut into its heads,
-    heads before positions, as attention wants them. One node (see ``ops.SplitHeads``).
+    heads before positions, as attention wants them. One node (see ``impl.SplitHeads``).
     """
-    return ops.SplitHeads.apply(x, n_heads=n_heads, parts=parts)
+    return impl.SplitHeads.apply(x, n_heads=n_heads, parts=parts)
 
 
 def merge_heads(x: Tensor) -> Tensor:
     """(B, h, T, d_k) -> (B, T, h*d_k): the heads side by side again (eq. 4's Concat)."""
-    return ops.MergeHeads.apply(x)
+    return impl.MergeHeads.apply(x)
 
 
 def cat(tensors, axis: int = 0) -> Tensor:
     """Concatenate tensors along an existing axis."""
-    return ops.Concatenate.apply(*tensors, axis=axis)
+    return impl.Concatenate.apply(*tensors, axis=axis)
 
 
 def stack(tensors, axis: int = 0) -> Tensor:
     """Stack tensors along a new axis."""
-    return ops.Stack.apply(*tensors, axis=axis)
+    return impl.Stack.apply(*tensors, axis=axis)
 
 
 def where(condition, a, b) -> Tensor:
     """``a`` where ``condition`` is True, else ``b`` (broadcasting)."""
-    a = a if isinstance(a, Tensor) else (b._wrap(a) if isinstance(b, Tensor) else Tensor(a))
-    b = b if isinstance(b, Tensor) else a._wrap(b)
-    return ops.Where.apply(a, b, condition=_data(condition))
+    a = a if isinstance(a, Tensor) else (b.coerce(a) if isinstance(b, Tensor) else Tensor(a))
+    b = b if isinstance(b, Tensor) else a.coerce(b)
+    return impl.Where.apply(a, b, condition=_data(condition))

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
-from . import backend, kernels
+from . import backend
 from .schedule import noam_lr  # noqa: F401 - re-exported: optim.noam_lr is public API
 
 
@@ -21,8 +22,8 @@ class FlatParameters:
     """Every parameter, its gradient and Adam's two moments, each one contiguous buffer.
 
     The parameters' ``.data`` become views of one float32 array, and each parameter's
-    ``_grad_buffer`` a view of a second, into which backward writes the gradient (see
-    ``Tensor.backward``). Then the whole optimizer step is a handful of passes over four
+    ``grad_buffer`` a view of a second, into which backward writes the gradient (see
+    ``Tensor.accumulate_grad``). Then the whole optimizer step is a handful of passes over four
     flat arrays instead of a dozen array operations per parameter: on the GPU one Adam
     launch instead of one per parameter (65 for the Transformer), one gradient-norm
     reduction, one scaling. The same trick as Apex's and DeepSpeed's flat buffers.
@@ -58,7 +59,7 @@ class FlatParameters:
             if p.grad is not None:
                 g[...] = p.grad
                 p.grad = g
-            p._grad_buffer = g
+            p.grad_buffer = g
             self.data_views.append(view)
             self.grad_views.append(g)
         for flat, values in zip(self.moments, moments):
@@ -107,13 +108,17 @@ class FlatParameters:
         return True
 
 
+_FLAT_OF = weakref.WeakKeyDictionary()
+"""Parameter tensor -> the :class:`FlatParameters` that holds it (set by :class:`Adam`)."""
+
+
 def flat_parameters(params):
     """The :class:`FlatParameters` whose parameters are exactly ``params`` (in any order:
     the all-reduce sorts them by name), or None. Whether their arrays and gradients are
     still its views is for the caller to ask (:meth:`FlatParameters.linked`,
     :meth:`FlatParameters.grads_linked`)."""
     tensors = [p for _, p in _named(params)]
-    flat = getattr(tensors[0], "_flat", None) if tensors else None
+    flat = _FLAT_OF.get(tensors[0]) if tensors else None
     if flat is None or len(tensors) != len(flat.params) or {id(p) for p in tensors} != flat.ids:
         return None
     return flat
@@ -192,13 +197,44 @@ def clip_grad_norm(params, max_norm: float) -> float:
     return 0.0 if norm is None else float(norm)
 
 
-class Adam:
-    """Adam (Kingma & Ba 2015) with bias correction, as PyTorch implements it.
+def adam_update(p, g, m, v, lr: float, betas, eps: float, t: int) -> None:
+    """Adam's update of one parameter array ``p`` at step ``t`` (1, 2, ...), in place:
 
     m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
     p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
-    Defaults are the paper's: betas (0.9, 0.98), eps 1e-9. Moments have the parameter's
-    dtype (float32 normally); scalars stay Python floats so nothing is upcast.
+
+    Written with one scratch array, since each full pass over the parameters counts.
+    """
+    xp = backend.get_array_module(p)
+    b1, b2 = betas
+    step_size = lr / (1 - b1 ** t)
+    bias2_sqrt = math.sqrt(1 - b2 ** t)
+    m *= b1
+    m += (1 - b1) * g
+    v *= b2
+    scratch = g * g
+    scratch *= 1 - b2
+    v += scratch
+    denom = xp.sqrt(v, out=scratch)
+    denom *= 1.0 / bias2_sqrt
+    denom += eps
+    update = xp.divide(m, denom, out=denom)
+    update *= step_size
+    p -= update
+
+
+class Adam:
+    """Adam (Kingma & Ba 2015) with bias correction, as PyTorch implements it
+    (:func:`adam_update`). Defaults are the paper's: betas (0.9, 0.98), eps 1e-9. Moments
+    have the parameter's dtype (float32 normally); scalars stay Python floats so nothing
+    is upcast.
+
+    ``flat=True`` (the default) keeps parameters, gradients and moments in
+    :class:`FlatParameters` buffers, built at the first step, and updates them all with one
+    :func:`adam_update` call: the same arithmetic on the same numbers, in a few passes over
+    four arrays instead of a dozen operations per parameter. ``flat=False`` is the
+    per-parameter loop; tests/test_optim.py proves the two equal.
+    ``tinytf.fast.FusedAdam`` runs the update as one CUDA kernel.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.98), eps: float = 1e-9,
@@ -208,10 +244,9 @@ class Adam:
         self.step_count = 0
         self.exp_avg = {n: None for n, _ in self.params}
         self.exp_avg_sq = {n: None for n, _ in self.params}
-        # flat: keep parameters, gradients and moments in FlatParameters buffers (built at
-        # the first step) and update them all at once. Same arithmetic, fewer operations.
         self.flat = flat and FlatParameters.supported([p for _, p in self.params])
-        self._flat = None
+        self.flat_buffers = None
+        """The :class:`FlatParameters` in use (``flat=True``, after the first step), or None."""
 
     def zero_grad(self) -> None:
         """Forget every parameter's gradient."""
@@ -221,36 +256,31 @@ class Adam:
     def step(self, skip=None) -> None:
         """One update of every parameter that has a gradient.
 
-        ``skip``: an optional int32 flag of one element on the parameters' device; when it
-        is nonzero the update changes nothing. The fused GPU kernel reads it on the device,
-        so the decision (a non-finite gradient norm, say) needs no host round trip. The
-        update is counted in :attr:`step_count` either way: a caller that learns later that
-        it was skipped subtracts it (``tinytf.trainer`` does). Without fused kernels the
-        flag is read on the host.
+        ``skip``: an optional flag array of one element on the parameters' device; when it
+        is nonzero the update changes nothing. Here it is read on the host; ``FusedAdam``
+        hands it to its kernel, so that the decision (a non-finite gradient norm, say)
+        needs no host round trip. The update is counted in :attr:`step_count` either way:
+        a caller that learns later that it was skipped subtracts it (``tinytf.trainer``).
         """
         self.step_count += 1
-        if skip is not None and not self._kernel_updates():
-            if bool(skip.any()):        # no kernel to read the flag: read it here
-                return
-            skip = None
+        if skip is not None and bool(skip.any()):
+            return
         flat = self._flat_buffers()
         if flat is not None:
-            self._update(flat.data, flat.grad, *flat.moments, skip=skip)
+            self._update(flat.data, flat.grad, *flat.moments)
             return
-        for name, p in self.params:
+        for name, p in self.params:          # the reference loop, one parameter at a time
             if p.grad is None:
                 continue
             xp = backend.get_array_module(p.data)
             if self.exp_avg[name] is None:
                 self.exp_avg[name] = xp.zeros_like(p.data)
                 self.exp_avg_sq[name] = xp.zeros_like(p.data)
-            self._update(p.data, p.grad, self.exp_avg[name], self.exp_avg_sq[name], skip=skip)
+            self._update(p.data, p.grad, self.exp_avg[name], self.exp_avg_sq[name])
 
-    def _kernel_updates(self) -> bool:
-        """Whether every parameter is updated by the fused kernel (see :meth:`_update`)."""
-        tensors = [p for _, p in self.params]
-        return all(p.dtype == np.float32 for p in tensors) and \
-            kernels.fused(*(p.data for p in tensors))
+    def _update(self, p, g, m, v, skip=None) -> None:
+        """:func:`adam_update` with this optimizer's settings (``FusedAdam``: a kernel)."""
+        adam_update(p, g, m, v, self.lr, self.betas, self.eps, self.step_count)
 
     def _flat_buffers(self):
         """The :class:`FlatParameters` to update at once, or None (then one at a time).
@@ -265,45 +295,20 @@ class Adam:
             return None
         names = [n for n, _ in self.params]
         moments = ([self.exp_avg[n] for n in names], [self.exp_avg_sq[n] for n in names])
-        flat = self._flat
+        flat = self.flat_buffers
         if flat is None or not flat.linked(tensors, moments):
             if not FlatParameters.supported(tensors):   # e.g. moved to two devices
                 return None
             for p in tensors:    # an old buffer's views must not catch new gradients
-                p._grad_buffer = None
-            flat = self._flat = FlatParameters(tensors, moments)
+                p.grad_buffer = None
+            flat = self.flat_buffers = FlatParameters(tensors, moments)
             for p in tensors:
-                p._flat = flat
+                _FLAT_OF[p] = flat
             for n, m, v in zip(names, *flat.moment_views):
                 self.exp_avg[n], self.exp_avg_sq[n] = m, v
         elif not flat.gather_grads():
             return None
         return flat
-
-    def _update(self, p, g, m, v, skip=None) -> None:
-        """The Adam update of parameter array ``p`` (in place) from gradient ``g``; the
-        fused kernel does nothing when the device flag ``skip`` is set (see :meth:`step`)."""
-        b1, b2 = self.betas
-        t = self.step_count
-        if kernels.fused(p, g) and p.dtype == np.float32:
-            kernels.adam_step(p, g, m, v, self.lr, self.betas, self.eps, t, found_inf=skip)
-            return
-        xp = backend.get_array_module(p)
-        step_size = self.lr / (1 - b1 ** t)
-        bias2_sqrt = math.sqrt(1 - b2 ** t)
-        # In place, with one scratch array (each full pass over the parameters counts).
-        m *= b1
-        m += (1 - b1) * g
-        v *= b2
-        scratch = g * g
-        scratch *= 1 - b2
-        v += scratch
-        denom = xp.sqrt(v, out=scratch)
-        denom *= 1.0 / bias2_sqrt
-        denom += self.eps
-        update = xp.divide(m, denom, out=denom)
-        update *= step_size
-        p -= update
 
     def state_dict(self) -> dict:
         """{"step", "lr", "betas", "eps"} plus "exp_avg.NAME"/"exp_avg_sq.NAME" arrays."""

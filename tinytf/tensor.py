@@ -9,16 +9,17 @@ the output back to the leaves, calls each node's ``backward`` with the gradient 
 output, and accumulates the results into the ``.grad`` of leaf tensors that require one.
 Each node is dropped as soon as backward has passed it, which frees its saved arrays.
 
-The ops themselves live in :mod:`tinytf.ops`; this file only knows the base class.
+The ops themselves live in :mod:`tinytf.ops`; this file only knows the base class, and
+finds the ops for its operators in the op table (:mod:`tinytf.dispatch`).
 """
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import numpy as np
 
 from . import backend
+from .dispatch import impl
 
 _grad_enabled = True
 
@@ -120,9 +121,9 @@ class Tensor:
         self._ctx: Function | None = None
         self._output_index = None  # which output of a several-output node (Split) this is
         self._freed = False  # set when backward has released the node that made this tensor
-        # Where backward writes this leaf's gradient, if set (optim.FlatParameters: a view
-        # of one buffer holding every parameter's gradient).
-        self._grad_buffer = None
+        # Where accumulate_grad writes this leaf's first gradient, if set: a preallocated
+        # array of the tensor's shape and dtype (a flat-buffer optimizer's slot, say).
+        self.grad_buffer = None
         if self.requires_grad and not backend.is_float(self.data.dtype):
             raise TypeError(f"only floating-point tensors can require a gradient, "
                             f"got dtype {self.data.dtype}")
@@ -137,7 +138,7 @@ class Tensor:
         t = cls.__new__(cls)
         t.data, t.grad = data, None
         t.requires_grad = ctx is not None
-        t._ctx, t._output_index, t._freed, t._grad_buffer = ctx, None, False, None
+        t._ctx, t._output_index, t._freed, t.grad_buffer = ctx, None, False, None
         if ctx is not None and not backend.is_float(data.dtype):
             raise TypeError(f"{type(ctx).__name__} returned {data.dtype}: only floating-point "
                             f"tensors can require a gradient")
@@ -179,8 +180,7 @@ class Tensor:
 
     def astype(self, dtype) -> "Tensor":
         """The values cast to ``dtype`` (differentiable)."""
-        from .ops import Cast
-        return Cast.apply(self, dtype=np.dtype(dtype))
+        return impl.Cast.apply(self, dtype=np.dtype(dtype))
 
     def zero_grad(self) -> None:
         """Forget the accumulated gradient."""
@@ -193,6 +193,55 @@ class Tensor:
         ``grad`` defaults to 1 for a one-element tensor. The graph is freed as it is
         walked: calling backward twice through the same graph is an error.
         """
+        grads = {id(self): self._seed_grad(grad)}   # id(tensor) -> gradient so far
+        order = _topological_order(self)
+        waiting = _several_output_nodes(order)
+        for node in reversed(order):                # outputs before the inputs they used
+            g = grads.pop(id(node), None)
+            ctx = node._ctx
+            if node._output_index is not None:      # one output of a several-output node
+                g = _gather_outputs(waiting, node, g)
+                if g is None:
+                    continue                        # other outputs still to come, or no grad
+            elif g is None:
+                continue
+            if ctx is None:                         # a leaf
+                node.accumulate_grad(g)
+                continue
+            in_grads = ctx.backward(g)
+            if not isinstance(in_grads, tuple):
+                in_grads = (in_grads,)
+            for inp, ig, needed in zip(ctx.inputs, in_grads, ctx.needs_input_grad):
+                if needed and ig is not None:
+                    assert ig.shape == inp.shape, \
+                        f"{type(ctx).__name__}.backward: grad shape {ig.shape} != {inp.shape}"
+                    # A gradient has its tensor's dtype (as in PyTorch), so a mixed sum's
+                    # float32 gradient reaches a float16 input as float16.
+                    ig = ig if ig.dtype == inp.dtype else ig.astype(inp.dtype)
+                    prev = grads.get(id(inp))
+                    grads[id(inp)] = ig if prev is None else prev + ig
+            node._ctx, node._freed = None, True     # free the node and the arrays it saved
+
+    def accumulate_grad(self, g) -> None:
+        """Add gradient array ``g`` into this leaf's ``.grad`` (what backward does at a leaf).
+
+        The first gradient is copied (leaves never alias the graph's arrays), into
+        :attr:`grad_buffer` when one is set: an optimizer that keeps every gradient in one
+        flat array points each parameter's ``grad_buffer`` at its slot (``optim.FlatParameters``).
+        """
+        buf = self.grad_buffer
+        if self.grad is None and buf is not None:
+            buf[...] = g
+            self.grad = buf
+        elif self.grad is None:
+            self.grad = g.astype(self.dtype, copy=True)
+        elif self.grad is buf:
+            buf += g
+        else:
+            self.grad = self.grad + g
+
+    def _seed_grad(self, grad):
+        """The gradient backward starts from, checked: 1 for a scalar when None."""
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad")
         xp = backend.get_array_module(self.data)
@@ -204,63 +253,10 @@ class Tensor:
         grad = grad.data if isinstance(grad, Tensor) else xp.asarray(grad, dtype=self.dtype)
         if grad.shape != self.shape:
             raise ValueError(f"gradient shape {grad.shape} != tensor shape {self.shape}")
+        return grad
 
-        order = _topological_order(self)
-        # A node with several outputs runs its backward once, when the last of its outputs
-        # in the walk is reached (then every output's gradient is complete): count them.
-        waiting = {}  # id(node) -> [outputs not yet reached, gradient of each output]
-        for node in order:
-            if node._output_index is not None:
-                entry = waiting.setdefault(id(node._ctx), [0, [None] * node._ctx.n_outputs])
-                entry[0] += 1
-        grads = {id(self): grad}
-        for node in reversed(order):
-            g = grads.pop(id(node), None)
-            ctx = node._ctx
-            if node._output_index is not None:  # one output of a several-output node
-                entry = waiting[id(ctx)]
-                entry[0] -= 1
-                entry[1][node._output_index] = g
-                node._ctx, node._freed = None, True
-                if entry[0]:
-                    continue  # outputs still to come
-                del waiting[id(ctx)]
-                if all(o is None for o in entry[1]):
-                    continue  # no gradient reached any of them
-                g = tuple(entry[1])
-            elif g is None:
-                continue
-            if ctx is None:  # a leaf: accumulate (a copy, so that leaves never alias)
-                buf = node._grad_buffer
-                if node.grad is None and buf is not None:
-                    buf[...] = g          # into the leaf's slot of a flat gradient buffer
-                    node.grad = buf
-                elif node.grad is None:
-                    node.grad = g.astype(node.dtype, copy=True)
-                elif node.grad is buf:
-                    buf += g
-                else:
-                    node.grad = node.grad + g
-                continue
-            in_grads = ctx.backward(g)
-            if not isinstance(in_grads, tuple):
-                in_grads = (in_grads,)
-            for inp, ig, needed in zip(ctx.inputs, in_grads, ctx.needs_input_grad):
-                if not needed or ig is None:
-                    continue
-                assert ig.shape == inp.shape, \
-                    f"{type(ctx).__name__}.backward: grad shape {ig.shape} != {inp.shape}"
-                if ig.dtype != inp.dtype:
-                    # A gradient has its tensor's dtype (as in PyTorch): the float32 gradient
-                    # that a mixed float32 + bfloat16 sum hands its bfloat16 input continues
-                    # in bfloat16, so the products behind it stay on tensor cores.
-                    ig = ig.astype(inp.dtype)
-                prev = grads.get(id(inp))
-                grads[id(inp)] = ig if prev is None else prev + ig
-            node._ctx, node._freed = None, True  # free the node and the arrays it saved
-
-    # ----- operators (the ops are imported lazily to avoid an import cycle) -------------
-    def _wrap(self, other) -> "Tensor":
+    # ----- operators (through the op table: tinytf.dispatch) ----------------------------
+    def coerce(self, other) -> "Tensor":
         """``other`` as a Tensor; Python numbers take this tensor's dtype (no upcast)."""
         if isinstance(other, Tensor):
             return other
@@ -276,19 +272,19 @@ class Tensor:
             return Tensor(xp.asarray(other, dtype=dtype))
         return Tensor(xp.asarray(other))
 
-    def __add__(self, other): return _ops().Add.apply(self, self._wrap(other))
-    def __radd__(self, other): return _ops().Add.apply(self._wrap(other), self)
-    def __sub__(self, other): return self + (-self._wrap(other))
-    def __rsub__(self, other): return self._wrap(other) + (-self)
-    def __mul__(self, other): return _ops().Mul.apply(self, self._wrap(other))
-    def __rmul__(self, other): return _ops().Mul.apply(self._wrap(other), self)
-    def __truediv__(self, other): return self * self._wrap(other).reciprocal()
-    def __rtruediv__(self, other): return self._wrap(other) * self.reciprocal()
-    def __neg__(self): return _ops().Neg.apply(self)
-    def __pow__(self, exponent): return _ops().Pow.apply(self, exponent=exponent)
-    def __matmul__(self, other): return _ops().MatMul.apply(self, self._wrap(other))
-    def __rmatmul__(self, other): return _ops().MatMul.apply(self._wrap(other), self)
-    def __getitem__(self, index): return _ops().GetItem.apply(self, index=index)
+    def __add__(self, other): return impl.Add.apply(self, self.coerce(other))
+    def __radd__(self, other): return impl.Add.apply(self.coerce(other), self)
+    def __sub__(self, other): return self + (-self.coerce(other))
+    def __rsub__(self, other): return self.coerce(other) + (-self)
+    def __mul__(self, other): return impl.Mul.apply(self, self.coerce(other))
+    def __rmul__(self, other): return impl.Mul.apply(self.coerce(other), self)
+    def __truediv__(self, other): return self * self.coerce(other).reciprocal()
+    def __rtruediv__(self, other): return self.coerce(other) * self.reciprocal()
+    def __neg__(self): return impl.Neg.apply(self)
+    def __pow__(self, exponent): return impl.Pow.apply(self, exponent=exponent)
+    def __matmul__(self, other): return impl.MatMul.apply(self, self.coerce(other))
+    def __rmatmul__(self, other): return impl.MatMul.apply(self.coerce(other), self)
+    def __getitem__(self, index): return impl.GetItem.apply(self, index=index)
 
     def reciprocal(self):
         """1 / self."""
@@ -296,27 +292,27 @@ class Tensor:
 
     def exp(self):
         """Elementwise e**x."""
-        return _ops().Exp.apply(self)
+        return impl.Exp.apply(self)
 
     def log(self):
         """Elementwise natural logarithm."""
-        return _ops().Log.apply(self)
+        return impl.Log.apply(self)
 
     def sqrt(self):
         """Elementwise square root."""
-        return _ops().Sqrt.apply(self)
+        return impl.Sqrt.apply(self)
 
     def tanh(self):
         """Elementwise hyperbolic tangent."""
-        return _ops().Tanh.apply(self)
+        return impl.Tanh.apply(self)
 
     def relu(self):
         """Elementwise max(x, 0)."""
-        return _ops().ReLU.apply(self)
+        return impl.ReLU.apply(self)
 
     def sum(self, axis=None, keepdims=False):
         """Sum over ``axis`` (int, tuple or None for all)."""
-        return _ops().Sum.apply(self, axis=axis, keepdims=keepdims)
+        return impl.Sum.apply(self, axis=axis, keepdims=keepdims)
 
     def mean(self, axis=None, keepdims=False):
         """Mean over ``axis``: sum / count."""
@@ -328,45 +324,39 @@ class Tensor:
 
     def max(self, axis=None, keepdims=False):
         """Maximum over ``axis``; ties share the gradient equally."""
-        return _ops().Max.apply(self, axis=axis, keepdims=keepdims)
+        return impl.Max.apply(self, axis=axis, keepdims=keepdims)
 
     def reshape(self, *shape):
         """Same values in a new shape (one dimension may be -1)."""
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
-        return _ops().Reshape.apply(self, shape=shape)
+        return impl.Reshape.apply(self, shape=shape)
 
     def transpose(self, *axes):
         """Permute dimensions; no arguments reverses them (like NumPy)."""
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
             axes = tuple(axes[0])
-        return _ops().Transpose.apply(self, axes=axes or None)
+        return impl.Transpose.apply(self, axes=axes or None)
 
     permute = transpose
     T = property(lambda self: self.transpose(), doc="The tensor with dimensions reversed.")
 
     def masked_fill(self, mask, value):
         """``value`` where ``mask`` is True, self elsewhere (mask broadcasts)."""
-        return _ops().MaskedFill.apply(self, mask=_data(mask), value=value)
+        return impl.MaskedFill.apply(self, mask=_data(mask), value=value)
 
     def softmax(self, axis=-1):
         """exp(x) / sum(exp(x)) along ``axis``."""
-        return _ops().Softmax.apply(self, axis=axis)
+        return impl.Softmax.apply(self, axis=axis)
 
     def log_softmax(self, axis=-1):
         """x - logsumexp(x) along ``axis``."""
-        return _ops().LogSoftmax.apply(self, axis=axis)
+        return impl.LogSoftmax.apply(self, axis=axis)
 
 
 def _data(x):
     """The array inside ``x`` if it is a Tensor, else ``x``."""
     return x.data if isinstance(x, Tensor) else x
-
-
-@functools.cache
-def _ops():
-    from . import ops
-    return ops
 
 
 def _topological_order(root: Tensor) -> list:
@@ -394,6 +384,36 @@ def _topological_order(root: Tensor) -> list:
                 if parent.requires_grad and id(parent) not in visited:
                     stack.append((parent, False))
     return order
+
+
+def _several_output_nodes(order) -> dict:
+    """A node with several outputs (``Split``) runs its backward once, when the last of its
+    outputs in the walk is reached, with every output's gradient complete. Returns
+    {id(node): [outputs not yet reached, gradient of each output]}."""
+    waiting = {}
+    for t in order:
+        if t._output_index is not None:
+            entry = waiting.setdefault(id(t._ctx), [0, [None] * t._ctx.n_outputs])
+            entry[0] += 1
+    return waiting
+
+
+def _gather_outputs(waiting, t: Tensor, g):
+    """Record output ``t``'s gradient ``g``; the tuple of all of them once the last output
+    of its node is reached (None before, or when no output got a gradient)."""
+    ctx = t._ctx
+    entry = waiting[id(ctx)]
+    entry[0] -= 1
+    entry[1][t._output_index] = g
+    t._freed = True
+    if entry[0]:
+        t._ctx = None
+        return None
+    del waiting[id(ctx)]
+    if all(o is None for o in entry[1]):
+        t._ctx = None
+        return None
+    return tuple(entry[1])
 
 
 def tensor(data, requires_grad: bool = False, dtype=None) -> Tensor:

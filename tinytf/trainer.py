@@ -39,11 +39,11 @@ import time
 
 import numpy as np
 
-from . import amp, backend, checkpoint, distributed
+from . import amp, backend, checkpoint, distributed, fast
 from .bpe import BOS_ID, BPE, EOS_ID, PAD_ID
 from .cuda_graph import StepGraphs
 from .data import BatchIterator, ParallelCorpus, read_parallel
-from .optim import Adam, clip_grad_norm_array, grad_norm_array
+from .optim import clip_grad_norm_array, grad_norm_array
 from .schedule import SCHEDULES, Schedule
 from .search import greedy_search
 from .tensor import no_grad
@@ -507,7 +507,7 @@ class Trainer:
             self.model.to(self.device)
         self.comm.broadcast_params(self.model)
         self.params = self.model.named_parameters()
-        self.optimizer = Adam(self.params, lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+        self.optimizer = fast.adam(self.params, lr=0.0, betas=(0.9, 0.98), eps=1e-9)
         # Mixed precision (docs/gpu.md): float32 master weights and Adam state whatever the
         # policy; a loss scaler only for fp16 (a pass-through otherwise).
         self.policy = amp.Policy(cfg.precision)

@@ -70,7 +70,7 @@ def main() -> None:
     flat = distributed._flat_buffer(sorted(flat_params.items()))
     assert flat is not None
     for name, p in flat_params.items():
-        p.grad = p._grad_buffer
+        p.grad = p.grad_buffer
         p.grad[...] = (ord(name) - ord("t")) * (r + 1)     # u: 1, w: 3, x: 4, y: 5 per rank
     if r == 0:
         flat_params["x"].grad = None            # one rank only: its slot must count as 0
@@ -85,7 +85,7 @@ def main() -> None:
         if name == "y":
             assert p.grad is None
         else:
-            assert p.grad is p._grad_buffer, name              # still the buffer's slot
+            assert p.grad is p.grad_buffer, name              # still the buffer's slot
             np.testing.assert_array_equal(p.grad, expected[name], err_msg=name)
     assert not np.shares_memory(outside, flat.grad) and (outside == 7.0 * (r + 1)).all()
     # Broadcast in place: rank 0's values, the parameters still views of the buffer;

@@ -1,15 +1,17 @@
-"""Fused GPU kernels for the hot paths, beside the plain NumPy ops they replace.
+"""Fused GPU kernels for the hot paths: the functions that :mod:`tinytf.fast.cuda` calls.
 
-The ops in :mod:`tinytf.ops` are written once against ``xp`` and stay plain NumPy code.
-On CuPy each elementwise step of that code is a kernel launch (about 10 us of CPU time)
-and a full pass over memory; the functions here do a whole op in one or two launches,
-computing in float32 whatever the storage type (float32, float16 or bfloat16).
+The reference ops in :mod:`tinytf.ops` are written once against ``xp``. On CuPy each
+elementwise step of that code is a kernel launch (about 10 us of CPU time) and a full pass
+over memory; the functions here do a whole op in one or two launches, computing in
+float32 whatever the storage type (float32, float16 or bfloat16).
 
-The hook an op uses, with ``fused`` as the only test (see docs/gpu.md for each op)::
+The op variants of :mod:`tinytf.fast.cuda` (subclasses of the reference ops) test
+``fused`` and otherwise run their parent's code (see docs/gpu.md for each op)::
 
-    if kernels.fused(x):
-        return kernels.softmax_forward(x, axis)
-    ... the NumPy code, unchanged ...
+    def forward(self, x, axis=-1):
+        if not kernels.fused(x):
+            return super().forward(x, axis)
+        ... one kernel launch ...
 
 ``fused`` is False for NumPy arrays, for float64 (gradient checks), and when
 ``TINYTF_FUSED=0``, so CPU runs never come here. Importing this package never imports

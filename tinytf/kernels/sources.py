@@ -4,7 +4,7 @@ Nothing here imports CuPy: the source is plain text, so the CPU test suite can c
 it with NVRTC alone (no GPU needed) and :mod:`tinytf.kernels` hands it to
 ``cupy.RawModule`` the first time a CuPy array asks for a fused kernel.
 
-Design, for a reader coming from the NumPy ops in :mod:`tinytf.ops.nn`:
+Design, for a reader coming from the reference ops in :mod:`tinytf.ops`:
 
 - **Optional pointers are passed as ``unsigned long long`` addresses** (0 = absent), so
   the Python side passes a plain ``numpy.uint64``.

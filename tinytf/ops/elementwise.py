@@ -1,7 +1,6 @@
 """Elementwise ops. Binary ops broadcast; their backward un-broadcasts with :func:`sum_to`."""
 from __future__ import annotations
 
-from .. import kernels
 from ..backend import get_array_module
 from ..tensor import Function
 
@@ -126,7 +125,7 @@ class ReLU(Function):
     """max(x, 0); the gradient passes where the output is positive."""
 
     def forward(self, x):
-        out = kernels.relu_forward(x) if kernels.fused(x) else get_array_module(x).maximum(x, 0)
+        out = get_array_module(x).maximum(x, 0)
         self.save_for_backward(out)
         return out
 
@@ -135,10 +134,8 @@ class ReLU(Function):
 
 
 def relu_grad(y, grad):
-    """ReLU's backward from its output ``y``: ``grad`` where y > 0, else 0 (one fused
-    launch on the GPU). Also used by ``Linear`` with its ReLU."""
-    if kernels.fused(y):
-        return kernels.relu_backward(y, grad)
+    """ReLU's backward from its output ``y``: ``grad`` where y > 0, else 0. Also used by
+    ``Linear`` with its ReLU."""
     return grad * (y > 0)
 
 

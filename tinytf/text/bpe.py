@@ -13,13 +13,10 @@ Encoding never produces a special token; ``<unk>`` is reserved (byte fallback le
 unknown) and ``<s>``/``</s>``/``<pad>`` are for the model's batches. See docs/bpe.md.
 """
 from tinytf.text.encode import Encoder
+from tinytf.text.ids import (BOS_ID, BYTE_OFFSET, EOS_ID, FIRST_SYMBOL_ID,  # noqa: F401
+                             PAD_ID, SPECIAL_TOKENS, UNK_ID)
 from tinytf.text.learn import MAX_SYMBOLS, learn_bpe
 from tinytf.text.pretokenize import byte_piece, can_be_piece, show, unshow
-
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
-SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
-BYTE_OFFSET = len(SPECIAL_TOKENS)          # id of <0x00>
-FIRST_SYMBOL_ID = BYTE_OFFSET + 256         # id of the first alphabet symbol
 
 
 class BPE:

@@ -20,6 +20,7 @@ is written ``"left right"``: pieces never contain a space (a space is ``▁``).
 import json
 import os
 
+from tinytf.text.ids import BYTE_OFFSET, SPECIAL_TOKENS
 from tinytf.text.pretokenize import SPACE
 
 FORMAT = "tinytf-bpe"
@@ -37,7 +38,6 @@ class BPEFileError(ValueError):
 
 def save(bpe, path):
     """Write `bpe` to `path` atomically (a temporary file, then a rename)."""
-    from tinytf.text.bpe import BYTE_OFFSET, SPECIAL_TOKENS
     doc = {
         "format": FORMAT,
         "version": VERSION,
@@ -84,7 +84,6 @@ def _read_json(path):
 
 def load(cls, path):
     """Read a model file written by `save` and return ``cls(alphabet, merges)``."""
-    from tinytf.text.bpe import SPECIAL_TOKENS
     path = os.fspath(path)
     doc = _read_json(path)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:

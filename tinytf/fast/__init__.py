@@ -1,0 +1,88 @@
+"""The fast paths, apart from the reference ops they replace.
+
+:mod:`tinytf.ops` is the mathematics; this package is speed. Each entry of
+:data:`FAST_OPS` names a reference op and the subclass that runs instead when the fast
+paths are on (the default): the subclass computes the same thing (to float32 rounding)
+and falls back to its parent where it does not apply (a CUDA kernel on NumPy arrays, say).
+
+=================  ===================  =====================================================
+reference op       runs instead         what is faster
+=================  ===================  =====================================================
+``CrossEntropy``   ``FusedCrossEntropy``  GPU: one kernel; CPU: ``BlockedCrossEntropy``, a
+                                        cache-blocked loop in one reused (N, V) buffer
+``Embedding``      ``FlatIndexEmbedding``  CPU backward: ``add.at`` with flat indices (~3x)
+``Softmax``,       ``FusedSoftmax``,     GPU: one launch forward, one backward
+``LogSoftmax``     ``FusedLogSoftmax``
+``LayerNorm``      ``FusedLayerNorm``    GPU: one launch each way (+ column sums)
+``Dropout``,       ``FusedDropout``,     GPU: random numbers, mask, product (and the
+``DropoutAdd``     ``FusedDropoutAdd``   residual sum) in one launch
+``ReLU``           ``FusedReLU``         GPU: one launch each way
+``MatMul``         ``CublasMatMul``      GPU: one cuBLAS call per product (tensor cores)
+``Attention``      ``FusedAttention``    GPU: cuBLAS with the 1/sqrt(d) as alpha, masked
+                                        softmax and its backward in one launch each
+``Linear``         ``FusedLinear``       GPU: cuBLAS, bias (+ReLU) in one launch; a compute
+                                        dtype under ``amp.autocast`` (no cast nodes)
+=================  ===================  =====================================================
+
+``TINYTF_FAST=0`` in the environment, or :func:`set_enabled` (False), runs the reference
+ops everywhere; ``tests/test_fast.py`` proves a whole Transformer step equal either way.
+The other fast paths, outside the op table: :mod:`tinytf.kernels` (the CUDA source and its
+wrappers), :mod:`tinytf.amp` (mixed precision), :mod:`tinytf.cuda_graph` (step replay),
+and the flat-buffer Adam in :mod:`tinytf.optim`.
+"""
+from __future__ import annotations
+
+import os
+
+from ..dispatch import impl
+from ..optim import Adam
+from .cpu import BlockedCrossEntropy, FlatIndexEmbedding
+from .cuda import (CublasMatMul, FusedAttention, FusedCrossEntropy, FusedDropout,
+                   FusedDropoutAdd, FusedLayerNorm, FusedLinear, FusedLogSoftmax, FusedReLU,
+                   FusedSoftmax)
+from .optim import FusedAdam
+
+__all__ = ["FAST_OPS", "set_enabled", "enabled", "BlockedCrossEntropy", "FlatIndexEmbedding",
+           "FusedAdam", "adam"]
+
+FAST_OPS = {
+    "CrossEntropy": FusedCrossEntropy,
+    "Embedding": FlatIndexEmbedding,
+    "Softmax": FusedSoftmax,
+    "LogSoftmax": FusedLogSoftmax,
+    "LayerNorm": FusedLayerNorm,
+    "Dropout": FusedDropout,
+    "DropoutAdd": FusedDropoutAdd,
+    "ReLU": FusedReLU,
+    "MatMul": CublasMatMul,
+    "Attention": FusedAttention,
+    "Linear": FusedLinear,
+}
+"""Reference op name -> the faster subclass that runs instead (the table above)."""
+
+_enabled = False
+
+
+def set_enabled(flag: bool = True) -> None:
+    """Run the fast variants of :data:`FAST_OPS` (True) or the reference ops (False)."""
+    global _enabled
+    _enabled = bool(flag)
+    for name, cls in FAST_OPS.items():
+        if _enabled:
+            impl.replace(name, cls)
+        else:
+            impl.restore(name)
+
+
+def adam(params, **kwargs):
+    """The Adam that training uses: :class:`FusedAdam` with the fast paths on, else
+    :class:`tinytf.optim.Adam` (same arguments, same state_dict)."""
+    return (FusedAdam if _enabled else Adam)(params, **kwargs)
+
+
+def enabled() -> bool:
+    """Whether the fast variants run (``TINYTF_FAST=0`` starts with them off)."""
+    return _enabled
+
+
+set_enabled(os.environ.get("TINYTF_FAST", "1") != "0")
