@@ -19,7 +19,8 @@ from tinytf.bpe import BPEFileError
 from tinytf.checkpoint import CheckpointError
 from tinytf.data import DataError
 from tinytf.schedule import SCHEDULES
-from tinytf.trainer import TrainConfig, TrainError, apply_overrides, train
+from tinytf.run import train
+from tinytf.train_config import TrainConfig, TrainError, apply_overrides
 
 USER_ERRORS = (TrainError, DataError, CheckpointError, BPEFileError)
 

@@ -35,7 +35,7 @@ from tinytf import backend, checkpoint  # noqa: E402
 from tinytf.bpe import BPE  # noqa: E402
 from tinytf.data import BatchIterator, ParallelCorpus, read_parallel  # noqa: E402
 from tinytf.schedule import Schedule  # noqa: E402
-from tinytf.trainer import bleu, greedy_translate  # noqa: E402
+from tinytf.evaluate import bleu, greedy_translate  # noqa: E402
 from tinytf.transformer import Transformer, TransformerConfig  # noqa: E402
 from tinytf.translation import SearchOptions, Translator  # noqa: E402
 

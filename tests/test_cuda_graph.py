@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from tinytf import backend, trainer
+from tinytf import backend, pipelined, trainer
 from tinytf.bpe import BOS_ID, EOS_ID, PAD_ID
 from tinytf.cuda_graph import EagerReplay, StepGraphs, bucket_shape, pad_batch
 from tinytf.data import Batch
@@ -153,7 +153,7 @@ def test_step_graphs_recapture_when_the_flat_buffer_is_rebuilt():
 
 def _graph_trainer(data_dir, out, capture=EagerReplay, **kw):
     cfg = apply_overrides(_config(data_dir, out, **kw), ["dropout=0.0"])
-    t = trainer.Trainer(cfg, log_stream=open(os.devnull, "w"))
+    t = pipelined.PipelinedTrainer(cfg, log_stream=open(os.devnull, "w"))
     t.graphs = t.make_step_graphs(capture=capture)
     return t
 
@@ -172,7 +172,7 @@ def test_trainer_with_step_graphs_follows_the_eager_run(data_dir, tmp_path):
     for name in ("eager", "graphs"):
         cfg = apply_overrides(_config(data_dir, tmp_path / name, max_steps=4, update_freq=2),
                               ["dropout=0.0"])
-        t = trainer.Trainer(cfg, log_stream=open(os.devnull, "w"))
+        t = pipelined.PipelinedTrainer(cfg, log_stream=open(os.devnull, "w"))
         if name == "graphs":
             t.graphs = t.make_step_graphs(capture=EagerReplay)
         results, grads, settle, adam = [], [], t.settle, t.optimizer.step
@@ -225,7 +225,7 @@ def test_fp16_through_step_graphs_follows_the_eager_run(data_dir, tmp_path):
     for name in ("eager", "graphs"):
         cfg = apply_overrides(_config(data_dir, tmp_path / name, max_steps=4,
                                       precision="fp16"), ["dropout=0.0"])
-        t = trainer.Trainer(cfg, log_stream=open(os.devnull, "w"))
+        t = pipelined.PipelinedTrainer(cfg, log_stream=open(os.devnull, "w"))
         if name == "graphs":
             t.graphs = t.make_step_graphs(capture=EagerReplay)
         results, settle = [], t.settle

@@ -19,7 +19,8 @@ LAYERS = [
     ("optim", ["optim"]),
     ("fast", ["kernels", "fast", "amp", "cuda_graph", "distributed"]),
     ("model", ["transformer", "search", "translation", "attention_svg"]),
-    ("training", ["data", "trainer"]),
+    ("training", ["data", "train_config", "train_log", "evaluate", "run_dir", "trainer",
+                  "pipelined", "run"]),
 ]
 """Lowest first: (layer, top-level modules or packages of tinytf in it)."""
 

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from tinytf import checkpoint, trainer
+from tinytf import checkpoint, pipelined, trainer
 from tinytf.trainer import TrainConfig, TrainError, apply_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -272,14 +272,15 @@ def _same_state(a, b):
 @pytest.mark.parametrize("precision", ["float32", "fp16"])
 def test_the_loop_keeps_one_update_in_flight_and_equals_train_step(data_dir, tmp_path,
                                                                    precision):
-    """train() reads update k's outcome after launching update k + 1's forward and backward
-    (except where the step count decides something: here the checkpoint at step 3 and the
-    end at 7), and ends bitwise where train_step called seven times ends. fp16 overflows
-    and skips its first updates, decided on the device before the host knows."""
+    """PipelinedTrainer.train() reads update k's outcome after launching update k + 1's
+    forward and backward (except where the step count decides something: here the
+    checkpoint at step 3 and the end at 7), and ends bitwise where train_step called seven
+    times ends, and where the plain loop ends. fp16 overflows and skips its first updates,
+    decided on the device before the host knows."""
     kw = dict(max_steps=7, save_interval=3, valid_interval=1000, precision=precision,
               clip_norm=0.5)
-    piped = trainer.Trainer(_config(data_dir, tmp_path / "piped", **kw),
-                            log_stream=open(os.devnull, "w"))
+    piped = pipelined.PipelinedTrainer(_config(data_dir, tmp_path / "piped", **kw),
+                                       log_stream=open(os.devnull, "w"))
     events, fb, settle = [], piped.forward_backward, piped.settle
 
     def forward_backward(batches):
@@ -300,6 +301,10 @@ def test_the_loop_keeps_one_update_in_flight_and_equals_train_step(data_dir, tmp
     while synced.step < 7:
         synced.train_step([next(stream)])
     _same_state(piped, synced)
+    plain = trainer.Trainer(_config(data_dir, tmp_path / "plain", **kw),
+                            log_stream=open(os.devnull, "w"))
+    assert plain.train()["steps"] == 7
+    _same_state(piped, plain)
 
     skips = events.count("skip")
     assert (skips >= 1) == (precision == "fp16") and piped.skipped == skips

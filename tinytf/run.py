@@ -1,0 +1,18 @@
+"""Run a training: the trainer for the device, to the end (what ``train.py`` calls)."""
+from __future__ import annotations
+
+from .pipelined import PipelinedTrainer
+from .train_config import TrainConfig
+from .trainer import Trainer
+
+
+def trainer_for(cfg: TrainConfig, comm=None, log_stream=None) -> Trainer:
+    """The trainer of ``cfg``: on a GPU the pipelined one (one update in flight, CUDA
+    graphs on request), else the plain loop of :class:`tinytf.trainer.Trainer`."""
+    cls = PipelinedTrainer if cfg.device == "gpu" or cfg.cuda_graph else Trainer
+    return cls(cfg, comm=comm, log_stream=log_stream)
+
+
+def train(cfg: TrainConfig, comm=None, log_stream=None) -> dict:
+    """Run ``cfg`` to the end and return the summary (see :class:`tinytf.trainer.Trainer`)."""
+    return trainer_for(cfg, comm, log_stream).train()

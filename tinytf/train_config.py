@@ -1,0 +1,256 @@
+"""What a training run is asked to do: :class:`TrainConfig`, its per-preset defaults, the
+``--set`` overrides, and :class:`TrainError` for problems the user can fix.
+
+``train.py`` builds a :class:`TrainConfig` from its flags; :meth:`TrainConfig.resolved`
+fills what was left unset from the preset's defaults (``PRESET_DEFAULTS``: the ``tiny``
+recipe of docs/training.md, the paper's for the others) and checks the combination.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from . import amp
+from .schedule import SCHEDULES, Schedule
+from .transformer import TransformerConfig
+
+BPE_FILE = "bpe.json"
+
+
+class TrainError(RuntimeError):
+    """A problem the user can fix (bad option, run directory, resume mismatch, divergence);
+    train.py prints the message without a traceback."""
+
+
+# --------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Every option of a training run; stored in full in each checkpoint.
+
+    Options left at None are filled in by :meth:`resolved` from ``PRESET_DEFAULTS`` (the
+    ``tiny`` preset gets settings that learn something in 10 minutes on 2 CPU cores; the
+    others get the paper's). ``model_overrides`` holds ``--set`` keys of
+    :class:`TransformerConfig`.
+    """
+
+    data: str = "data/ende"
+    src: str = "en"
+    tgt: str = "de"
+    out: str | None = None            # default: runs/<data dir name>-<config>
+    config: str = "tiny"              # preset of TransformerConfig
+    model_overrides: dict = dataclasses.field(default_factory=dict)
+    max_tokens: int | None = None     # padded tokens per batch and side, per rank
+    update_freq: int = 1              # batches accumulated per update
+    max_steps: int | None = None      # stop after this many updates (0/None: no limit)
+    max_minutes: float | None = None  # stop after this wall time (0/None: no limit)
+    lr_schedule: str | None = None    # noam | inverse_sqrt | linear (tinytf.schedule)
+    lr: float | None = None           # peak learning rate (inverse_sqrt, linear)
+    warmup: int | None = None
+    lr_factor: float | None = None    # factor of the paper's schedule (noam)
+    vocab_size: int | None = None     # joint BPE pieces (specials and 256 bytes included)
+    seed: int = 1
+    resume: bool = False
+    device: str = "cpu"
+    precision: str = "float32"        # float32 | tf32 | bf16 | fp16 (tinytf.amp)
+    cuda_graph: bool = False          # replay steps as CUDA graphs (GPU; cuda_graph.StepGraphs)
+    log_interval: int = 10
+    save_interval: int | None = None  # steps between checkpoints
+    valid_interval: int | None = None  # steps between validations (default: save_interval)
+    keep_last: int = 5
+    clip_norm: float = 0.0            # 0: no clipping (the paper clips nothing)
+    train_max_len: int = 128          # pairs with a longer side (tokens + </s>) are skipped
+    valid_bleu_sentences: int = 200   # periodic dev BLEU on the first N dev pairs (0: all)
+    test_bleu: bool = True            # decode test.SRC at the end if it exists
+    test_beam: int = 4                # beam size of the final test decoding (1: greedy only)
+    valid_samples: int = 3            # sample translations logged at every validation
+    max_bad_steps: int = 5            # stop after this many non-finite steps in a row
+
+    PRESET_DEFAULTS = {
+        # Measured on 2 CPU cores and the shipped corpus (docs/training.md, "The tiny
+        # recipe"): warm up to 2e-3 over 200 updates or 30 % of the budget, then decay to
+        # zero at its end; 2,048-token batches; a 4k BPE (and the tiny preset's pre-LN).
+        "tiny": dict(max_tokens=2048, lr_schedule="linear", lr=2e-3, warmup=200,
+                     vocab_size=4000, save_interval=200),
+        # The paper: warmup 4000, factor 1 (its batches held ~25k tokens per side).
+        "default": dict(max_tokens=4096, lr_schedule="noam", lr_factor=1.0, warmup=4000,
+                        vocab_size=8000, save_interval=1000),
+    }
+
+    def resolved(self) -> "TrainConfig":
+        """A copy with every None default filled in (preset-dependent) and checked."""
+        defaults = self.preset_defaults()
+        cfg = dataclasses.replace(self, model_overrides=dict(self.model_overrides))
+        cfg._resolve_schedule(defaults)
+        for key, value in defaults.items():
+            if getattr(cfg, key) is None and key not in ("lr", "lr_factor"):
+                setattr(cfg, key, value)
+        if cfg.out is None:
+            cfg.out = os.path.join("runs", f"{os.path.basename(os.path.normpath(cfg.data))}-"
+                                           f"{cfg.config}")
+        if cfg.valid_interval is None:
+            cfg.valid_interval = cfg.save_interval
+        if not cfg.max_steps and not cfg.max_minutes:
+            cfg.max_minutes = 10.0  # never run unbounded by accident; documented in --help
+        cfg.check()
+        return cfg
+
+    def preset_defaults(self) -> dict:
+        """The training defaults of this run's preset."""
+        return self.PRESET_DEFAULTS.get(self.config, self.PRESET_DEFAULTS["default"])
+
+    def _resolve_schedule(self, defaults: dict) -> None:
+        """Choose the schedule from what the user set: ``--lr-factor`` alone asks for the
+        paper's schedule (noam), ``--lr`` alone for a schedule with that peak (the preset's
+        own, or inverse_sqrt where the preset's is noam); otherwise the preset's."""
+        if self.lr_schedule is None:
+            if self.lr_factor is not None and self.lr is not None:
+                raise TrainError("--lr (a peak) and --lr-factor (the factor of the paper's "
+                                 "schedule) exclude each other; pass --lr-schedule too to say "
+                                 "which schedule is meant")
+            if self.lr_factor is not None:
+                self.lr_schedule = "noam"
+            elif self.lr is not None and defaults["lr_schedule"] == "noam":
+                self.lr_schedule = "inverse_sqrt"
+            else:
+                self.lr_schedule = defaults["lr_schedule"]
+        if self.lr_schedule not in SCHEDULES:
+            raise TrainError(f"--lr-schedule {self.lr_schedule!r}: choose from "
+                             f"{', '.join(SCHEDULES)}")
+        if self.lr_schedule == "noam":
+            if self.lr is not None:
+                raise TrainError("--lr sets the peak of inverse_sqrt or linear; the paper's "
+                                 "schedule (noam) takes --lr-factor")
+            if self.lr_factor is None:
+                self.lr_factor = defaults.get("lr_factor", 1.0)
+        else:
+            if self.lr_factor is not None:
+                raise TrainError(f"--lr-factor is the factor of the paper's schedule (noam); "
+                                 f"--lr-schedule {self.lr_schedule} takes its peak as --lr")
+            if self.lr is None:
+                self.lr = defaults["lr"] if "lr" in defaults else self.tuned_peak()
+
+    def _preset_d_model(self) -> int:
+        return {**TransformerConfig.PRESETS.get(self.config, {}),
+                **self.model_overrides}.get("d_model", TransformerConfig.d_model)
+
+    def tuned_peak(self) -> float:
+        """The peak learning rate that this preset's defaults give (what it was tuned for)."""
+        d = self.preset_defaults()
+        if d["lr_schedule"] == "noam":
+            return d["lr_factor"] * (self._preset_d_model() * d["warmup"]) ** -0.5
+        return d["lr"]
+
+    def schedule(self) -> Schedule:
+        """The :class:`tinytf.schedule.Schedule` of this (resolved) config."""
+        if self.lr_schedule == "noam":
+            return Schedule("noam", self.warmup, factor=self.lr_factor,
+                            d_model=self._preset_d_model())
+        return Schedule(self.lr_schedule, self.warmup, peak=self.lr)
+
+    def schedule_warning(self) -> str | None:
+        """A warning when the peak is far (over 3x) from what the preset was tuned for."""
+        peak, tuned = self.schedule().peak_lr, self.tuned_peak()
+        if tuned / 3 <= peak <= tuned * 3:
+            return None
+        how = (" (the paper's schedule ties its peak to --warmup and d_model; --lr "
+               "sets a peak directly)" if self.lr_schedule == "noam" else "")
+        return (f"warning: peak learning rate {peak:.2e} is {peak / tuned:.2g}x the "
+                f"{tuned:.2e} that the {self.config} preset was tuned for{how}")
+
+    def check(self) -> None:
+        """Raise TrainError for values that cannot work."""
+        if self.config not in TransformerConfig.PRESETS:
+            raise TrainError(f"--config {self.config!r}: choose from "
+                             f"{sorted(TransformerConfig.PRESETS)}")
+        if self.device not in ("cpu", "gpu"):
+            raise TrainError(f"--device {self.device!r}: choose cpu or gpu")
+        if self.precision not in amp.PRECISIONS:
+            raise TrainError(f"--precision {self.precision!r}: choose from "
+                             f"{', '.join(amp.PRECISIONS)}")
+        if self.cuda_graph and self.device != "gpu":
+            raise TrainError("--cuda-graph replays steps as CUDA graphs: it needs --device gpu")
+        positive = ("max_tokens", "update_freq", "warmup", "vocab_size", "log_interval",
+                    "save_interval", "valid_interval", "train_max_len", "max_bad_steps")
+        for key in positive:
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise TrainError(f"{key} must be at least 1, got {getattr(self, key)}")
+        for key in ("lr_factor", "lr"):
+            if getattr(self, key) is not None and not getattr(self, key) > 0:
+                raise TrainError(f"{key} must be positive, got {getattr(self, key)}")
+        for key in ("max_steps", "max_minutes", "clip_norm", "keep_last",
+                    "valid_bleu_sentences", "valid_samples", "test_beam"):
+            if getattr(self, key) is not None and getattr(self, key) < 0:
+                raise TrainError(f"{key} must not be negative, got {getattr(self, key)}")
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable dict of every field."""
+        return dataclasses.asdict(self)
+
+
+def _parse_value(text: str, current, key: str):
+    """Parse ``--set`` text to the type of the field's current value."""
+    if isinstance(current, bool):
+        low = text.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise TrainError(f"--set {key}={text}: expected true or false")
+    try:
+        if isinstance(current, int):
+            return int(text)
+        if isinstance(current, float):
+            return float(text)
+    except ValueError:
+        kind = "an integer" if isinstance(current, int) else "a number"
+        raise TrainError(f"--set {key}={text}: expected {kind}") from None
+    return text
+
+
+def apply_overrides(cfg: TrainConfig, assignments) -> TrainConfig:
+    """Apply ``--set key=value`` assignments: model keys (TransformerConfig fields) go to
+    ``cfg.model_overrides``, other TrainConfig fields are set directly; an unknown key is an
+    error listing the known ones (a typo must never be silently ignored)."""
+    model_fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"model_overrides"}
+    base_model = TransformerConfig()
+    cfg = dataclasses.replace(cfg, model_overrides=dict(cfg.model_overrides))
+    for item in assignments:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise TrainError(f"--set {item!r}: expected key=value")
+        if key in model_fields:
+            cfg.model_overrides[key] = _parse_value(text, getattr(base_model, key), key)
+        elif key in train_fields:
+            current = getattr(cfg, key)
+            if current is None:  # an unresolved default: take the type from the preset value
+                current = TrainConfig.PRESET_DEFAULTS["default"].get(key, 0.0 if key in (
+                    "max_minutes", "lr") else 0)
+            setattr(cfg, key, _parse_value(text, current, key))
+        else:
+            raise TrainError(f"--set {key}: unknown key; model keys are "
+                             f"{sorted(model_fields)}, training keys are {sorted(train_fields)}")
+    return cfg
+
+
+def model_config_for(cfg: TrainConfig, vocab_size: int) -> TransformerConfig:
+    """The preset with ``--set`` overrides, sized to the BPE vocabulary (and long enough for
+    the longest training pair)."""
+    overrides = {"vocab_size": vocab_size, **cfg.model_overrides}
+    try:
+        model_cfg = TransformerConfig.preset(cfg.config, **overrides)
+    except (ValueError, TypeError) as e:
+        raise TrainError(str(e)) from None
+    if model_cfg.vocab_size < vocab_size:
+        raise TrainError(f"--set vocab_size={model_cfg.vocab_size} is smaller than the BPE "
+                         f"model's {vocab_size} pieces")
+    if model_cfg.max_len < cfg.train_max_len:
+        raise TrainError(f"model max_len={model_cfg.max_len} is shorter than "
+                         f"train_max_len={cfg.train_max_len}")
+    return model_cfg
+
+

@@ -1,0 +1,94 @@
+"""The training log: human-readable lines (stderr and RUNDIR/train.log) and records
+(RUNDIR/log.jsonl, read back for the plot)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+
+def format_seconds(seconds: float) -> str:
+    """``1h02m03s`` / ``2m03s`` / ``7s``."""
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    s = int(round(seconds))
+    h, m, s = s // 3600, s % 3600 // 60, s % 60
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+class Logger:
+    """Log lines to stderr and RUNDIR/train.log, records to RUNDIR/log.jsonl; silent on
+    ranks other than 0 (stdout is kept for the final JSON summary)."""
+
+    def __init__(self, run_dir, enabled=True, stream=None):
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self.text_path = os.path.join(run_dir, "train.log")
+        self.json_path = os.path.join(run_dir, "log.jsonl")
+
+    def info(self, message: str) -> None:
+        """One human-readable line."""
+        if not self.enabled:
+            return
+        print(message, file=self.stream, flush=True)
+        with open(self.text_path, "a", encoding="utf-8") as f:
+            f.write(message + "\n")
+
+    def record(self, **values) -> None:
+        """One machine-readable record (read back by the plot at the end)."""
+        if self.enabled:
+            with open(self.json_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(values, allow_nan=True) + "\n")
+
+    def records(self) -> list[dict]:
+        """Every record written so far in this run directory (earlier runs included)."""
+        if not os.path.isfile(self.json_path):
+            return []
+        out = []
+        with open(self.json_path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # a line cut by a crash
+        return out
+
+
+
+
+def log_window(log: Logger, step: int, epoch: int, window: dict, elapsed: float, eta: float,
+               lr: float, loss_scale: float | None = None) -> None:
+    """The periodic line (and record): step, epoch, the window's loss per token and
+    perplexity, learning rate, mean gradient norm, tokens/s, elapsed and remaining time.
+    ``window``: sums since the last line ("loss" (x tokens), "tokens", "steps", "gnorm",
+    and "t", the perf_counter time it started)."""
+    steps = max(window["steps"], 1)
+    loss = window["loss"] / max(window["tokens"], 1)
+    tok_s = window["tokens"] / max(time.perf_counter() - window["t"], 1e-9)
+    log.info(f"step {step} | epoch {epoch} | loss {loss:.3f} | "
+             f"ppl {math.exp(min(loss, 50.0)):.1f} | lr {lr:.2e} | "
+             f"gnorm {window['gnorm'] / steps:.3f} | "
+             + (f"scale {loss_scale:g} | " if loss_scale is not None else "")
+             + f"tok/s {tok_s:,.0f} | elapsed {format_seconds(elapsed)} | "
+             f"eta {format_seconds(eta)}")
+    log.record(step=step, epoch=epoch, loss=loss, lr=lr, gnorm=window["gnorm"] / steps,
+               tokens_per_s=tok_s, elapsed=elapsed)
+
+
+def log_validation(log: Logger, step: int, m: dict) -> None:
+    """The validation line (and record) with a few dev translations."""
+    log.info(f"valid step {step} | dev loss {m['dev_loss']:.3f} | dev nll "
+             f"{m['dev_nll']:.3f} | dev ppl {m['dev_ppl']:.1f} | dev BLEU {m['dev_bleu']:.2f} "
+             f"({m['dev_bleu_sentences']} sentences, greedy) | {m['valid_seconds']:.0f}s")
+    log.record(step=step, **{k: m[k] for k in ("dev_loss", "dev_nll", "dev_bleu")})
+    log_samples(log, "dev", m.get("samples", []))
+
+
+def log_samples(log: Logger, name: str, samples) -> None:
+    """Source, reference and hypothesis of a few sentences, one line each."""
+    for i, (source, reference, hypothesis) in enumerate(samples, 1):
+        log.info(f"  {name} sample {i}  source     | {source}")
+        log.info(f"  {name} sample {i}  reference  | {reference}")
+        log.info(f"  {name} sample {i}  hypothesis | {hypothesis}")
