@@ -4,14 +4,17 @@
     python train.py                        # tiny preset, shipped en->de corpus, ~10 min on a CPU
     python train.py --data DIR --src en --tgt de --out RUNDIR --config base --max-steps 100000
     python train.py --out RUNDIR --resume  # continue exactly where the run stopped
+    python train.py ... --resume auto      # continue if RUNDIR has a checkpoint, else start
     mpirun -n 8 python train.py ...        # data-parallel over MPI ranks (docs/distributed.md)
 
 Log lines go to stderr (and RUNDIR/train.log); stdout gets one JSON line summarising the run.
-See docs/training.md.
+Exit status: 0 done, 1 internal error, 2 usage or data error, 128 + N stopped by signal N
+(SIGINT 130, SIGUSR1 138, SIGTERM 143) after writing its checkpoint. See docs/training.md.
 """
 import argparse
 import json
 import os
+import signal
 import sys
 
 from tinytf import distributed
@@ -20,6 +23,7 @@ from tinytf.checkpoint import CheckpointError
 from tinytf.data import DataError
 from tinytf.schedule import SCHEDULES
 from tinytf.run import train
+from tinytf.run_dir import resumed_config
 from tinytf.train_config import TrainConfig, TrainError, apply_overrides
 
 USER_ERRORS = (TrainError, DataError, CheckpointError, BPEFileError)
@@ -77,8 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, metavar="V",
                    help="joint BPE vocabulary, learnt when RUNDIR has none (default: tiny 4000, others 8000)")
     p.add_argument("--seed", type=int, default=d.seed, help=f"(default: {d.seed})")
-    p.add_argument("--resume", action="store_true",
-                   help="continue exactly from RUNDIR/checkpoint_last.npz")
+    p.add_argument("--resume", nargs="?", const=True, choices=[True, "auto"], metavar="auto",
+                   help="continue exactly from RUNDIR/checkpoint_last.npz, with the run's own "
+                        "options (options given here override them); '--resume auto': "
+                        "continue if that checkpoint exists, else start a new run (one "
+                        "command for the first job and every requeue)")
     p.add_argument("--device", choices=["cpu", "gpu"], default=d.device,
                    help=f"NumPy or CuPy (default: {d.device})")
     p.add_argument("--precision", choices=["float32", "tf32", "bf16", "fp16"],
@@ -107,8 +114,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args) -> TrainConfig:
-    """TrainConfig from parsed arguments, with --set applied and every value checked."""
+def given_options(argv) -> set:
+    """The TrainConfig names of the options that ``argv`` sets explicitly."""
+    parser = build_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    given = set(vars(parser.parse_args(argv)))
+    return {name for name in given if name not in ("set", "resume")}
+
+
+def config_from_args(args, given=frozenset()) -> TrainConfig:
+    """TrainConfig from parsed arguments, with --set applied and every value checked; with
+    --resume, the run's stored options with the ``given`` ones on top."""
     cfg = TrainConfig(
         data=args.data, src=args.src, tgt=args.tgt, out=args.out, config=args.config,
         max_tokens=args.max_tokens, update_freq=args.update_freq, max_steps=args.max_steps,
@@ -118,18 +135,20 @@ def config_from_args(args) -> TrainConfig:
         precision=args.precision, cuda_graph=args.cuda_graph,
         log_interval=args.log_interval, save_interval=args.save_interval,
         valid_interval=args.valid_interval, keep_last=args.keep_last, clip_norm=args.clip_norm)
-    cfg = apply_overrides(cfg, args.set)
-    return cfg.resolved()
+    if args.resume:
+        return resumed_config(cfg, given, args.set).resolved()
+    return apply_overrides(cfg, args.set).resolved()
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    given = given_options(sys.argv[1:] if argv is None else argv)
     if args.device == "gpu":  # read by tinytf.backend and by distributed.init (GPU choice)
         os.environ["TINYTF_DEVICE"] = "gpu"
     comm = distributed.init()
     with comm.guard():
         try:
-            cfg = config_from_args(args)
+            cfg = config_from_args(args, given)
             summary = train(cfg, comm=comm)
         except USER_ERRORS as e:
             if comm.size > 1:
@@ -138,6 +157,8 @@ def main(argv=None) -> int:
             return 2
         if comm.is_root:
             print(json.dumps(summary, sort_keys=True), flush=True)
+    if summary["stopped"] == "signal":   # the requeue's cue: 128 + the signal's number
+        return 128 + (summary.get("signal") or signal.SIGTERM)
     return 0
 
 

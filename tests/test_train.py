@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -186,27 +187,96 @@ def test_resume_refuses_a_different_model(data_dir, tmp_path):
         trainer.Trainer(_config(data_dir, tmp_path / "empty", resume=True))
 
 
-def test_ctrl_c_saves_a_checkpoint_and_ends_cleanly(data_dir, tmp_path):
-    """SIGINT stops at the next step boundary with a checkpoint and the summary line."""
-    out = tmp_path / "run"
-    sets = [a for s in TINY for a in ("--set", s)]
-    proc = subprocess.Popen(
-        [sys.executable, os.path.join(ROOT, "train.py"), "--data", data_dir, "--out", str(out),
-         "--max-steps", "100000", "--vocab-size", "300", "--max-tokens", "200",
-         "--log-interval", "1", *sets],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+STOP_ARGS = ["--max-steps", "40", "--vocab-size", "300", "--max-tokens", "200",
+             "--log-interval", "1", "--save-interval", "1000", "--update-freq", "2",
+             "--lr-schedule", "inverse_sqrt", "--lr", "2e-3", "--warmup", "5", "--seed", "4",
+             *[a for s in TINY for a in ("--set", s)]]
+
+
+def _train_cli(*args, **kw):
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            **kw)
+
+
+@pytest.mark.parametrize("signum, twice", [(signal.SIGINT, False), (signal.SIGTERM, True),
+                                           (signal.SIGUSR1, False)])
+def test_a_signal_stops_with_a_checkpoint_first_and_the_run_resumes_exactly(
+        data_dir, tmp_path, signum, twice):
+    """A stop signal (a second one 50 ms later changes nothing): the run stops after the
+    update in progress, writes its checkpoint at once (no validation, no test after the
+    signal) and exits 128 + the signal's number. ``--out RUNDIR --resume`` alone then
+    continues with the run's own options and ends bitwise where a straight run ends."""
+    out = tmp_path / "split"
+    proc = _train_cli("--data", data_dir, "--out", str(out), *STOP_ARGS)
     try:
         for line in proc.stderr:
-            if line.startswith("step 2 |"):
-                proc.send_signal(signal.SIGINT)
+            if line.startswith("step 3 |"):
+                proc.send_signal(signum)
+                if twice:
+                    time.sleep(0.05)
+                    proc.send_signal(signum)
                 break
         stdout, stderr = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode == 0, stderr
+    assert proc.returncode == 128 + signum, stderr
     summary = json.loads(stdout.strip().splitlines()[-1])
-    assert summary["stopped"] == "signal" and 2 <= summary["steps"] < 100000
+    assert summary["stopped"] == "signal" and summary["signal"] == signum
+    assert 3 <= summary["steps"] < 40
+    after = stderr[stderr.index("received signal"):]
+    assert "valid step" not in after and "test BLEU" not in after
     assert checkpoint.load(out / checkpoint.LAST).step == summary["steps"]
+
+    resumed = _train_cli("--out", str(out), "--resume")     # nothing else: the run's options
+    stdout, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, stderr
+    assert json.loads(stdout.strip().splitlines()[-1])["steps"] == 40
+    straight = _train_cli("--data", data_dir, "--out", str(tmp_path / "straight"), *STOP_ARGS)
+    _, stderr = straight.communicate(timeout=300)
+    assert straight.returncode == 0, stderr
+    a = checkpoint.load(tmp_path / "straight" / checkpoint.LAST)
+    b = checkpoint.load(out / checkpoint.LAST)
+    assert a.step == b.step == 40
+    for name in a.model:
+        assert a.model[name].tobytes() == b.model[name].tobytes(), name
+
+
+def test_resume_auto_starts_then_continues(data_dir, tmp_path):
+    """--resume auto: a new run when RUNDIR has no checkpoint, the run continued when it has
+    one (the same command for the first job and every requeue)."""
+    out = str(tmp_path / "auto")
+    args = ["--data", data_dir, "--out", out, "--resume", "auto", *STOP_ARGS[2:]]
+    first = _train_cli(*args, "--max-steps", "3")
+    stdout, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr
+    assert json.loads(stdout.strip().splitlines()[-1])["steps"] == 3
+    again = _train_cli(*args, "--max-steps", "5")
+    stdout, stderr = again.communicate(timeout=300)
+    assert again.returncode == 0, stderr
+    assert "resuming at step 3" in stderr
+    assert json.loads(stdout.strip().splitlines()[-1])["steps"] == 5
+
+
+def test_a_second_training_on_one_run_directory_is_refused(data_dir, tmp_path):
+    """RUNDIR is locked while a run trains: another train.py on it stops at once with a
+    message naming the holder's PID, and the first run is unharmed."""
+    out = str(tmp_path / "locked")
+    first = _train_cli("--data", data_dir, "--out", out, *STOP_ARGS[2:], "--max-steps",
+                       "100000")
+    try:
+        for line in first.stderr:
+            if line.startswith("step 2 |"):
+                break
+        second = _train_cli("--data", data_dir, "--out", out, "--resume", "auto",
+                            *STOP_ARGS[2:])
+        _, err = second.communicate(timeout=120)
+        assert second.returncode == 2 and f"PID {first.pid}" in err, err
+        first.send_signal(signal.SIGTERM)
+        _, stderr = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == 143, stderr
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # float16 overflow is the point

@@ -61,6 +61,7 @@ class PipelinedTrainer(Trainer):
                 in_flight = self.launch_update(loss_sum, tokens)
             if in_flight is not None:
                 self._account(self.settle(in_flight), progress)
+            saved_step = self._stop_checkpoint(stop, saved_step)
         return self._summary(stop, progress, saved_step)
 
     def _decides(self, step: int) -> bool:

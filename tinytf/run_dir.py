@@ -3,12 +3,13 @@ BPE model in ``RUNDIR/bpe.json`` (learnt once, by rank 0), and what a checkpoint
 to be resumed."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
 from . import checkpoint
 from .bpe import BPE
-from .train_config import BPE_FILE, TrainError
+from .train_config import BPE_FILE, TrainConfig, TrainError, apply_overrides
 
 
 def data_paths(cfg) -> dict:
@@ -78,3 +79,66 @@ def changed_on_resume(saved: dict, cfg) -> str | None:
     return ("warning: resuming with changed " + ", ".join(
         f"{k} ({saved[k]} -> {getattr(cfg, k)})" for k in changed) +
         ": the run will not match an uninterrupted one")
+
+
+SCHEDULE_KEYS = ("lr_schedule", "lr", "lr_factor")
+
+
+def resumed_config(cfg, given, assignments=()):
+    """The config to continue a run with: the options stored in its last checkpoint, with
+    the options the user gave on the command line (``given``: their TrainConfig names, the
+    values in ``cfg``) and the ``--set`` ``assignments`` on top.
+
+    ``cfg.resume`` is "auto" or True: with "auto" and no checkpoint in the run directory
+    the result starts a new run (``cfg`` itself, resume off). Giving one of the schedule's
+    options replaces all three of them, so the preset's defaults fill in the rest again.
+    """
+    out = cfg.out or dataclasses.replace(cfg, resume=False).resolved().out
+    last = os.path.join(out, checkpoint.LAST)
+    if not os.path.isfile(last):   # "auto": a new run; True: the Trainer says why not
+        return apply_overrides(dataclasses.replace(cfg, out=out, resume=cfg.resume is True),
+                               assignments)
+    saved = checkpoint.load(last, with_optim=False).meta.get("train_config")
+    if not isinstance(saved, dict):
+        raise TrainError(f"{last}: holds no training options (not a training checkpoint)")
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    options = {k: v for k, v in saved.items() if k in fields}
+    if any(k in given for k in SCHEDULE_KEYS):
+        options.update({k: getattr(cfg, k) for k in SCHEDULE_KEYS})
+    if "save_interval" in given and "valid_interval" not in given:
+        options["valid_interval"] = None
+    options.update({k: getattr(cfg, k) for k in given if k in fields})
+    options.update(out=out, resume=True)
+    return apply_overrides(TrainConfig(**options), assignments)
+
+
+LOCK_FILE = "train.lock"
+
+
+class RunLock:
+    """An exclusive lock on a run directory (``fcntl.flock`` on RUNDIR/train.lock, which
+    holds the PID of the holder), so that two trainings never write one directory. The
+    kernel drops the lock when the process ends, however it ends."""
+
+    def __init__(self, run_dir: str):
+        import fcntl  # noqa: PLC0415 - POSIX only; imported where it is used
+        self.path = os.path.join(run_dir, LOCK_FILE)
+        self._file = open(self.path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "unknown"
+            self._file.close()
+            raise TrainError(f"{run_dir} is in use by another training run (PID {holder}, "
+                             f"{self.path}); wait for it to end or choose another --out") \
+                from None
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(f"{os.getpid()}\n")
+        self._file.flush()
+
+    def release(self) -> None:
+        """Give the directory up (closing the file drops the lock)."""
+        if not self._file.closed:
+            self._file.close()

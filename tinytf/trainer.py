@@ -46,7 +46,7 @@ from . import amp, backend, checkpoint, distributed, fast
 from .data import BatchIterator, ParallelCorpus, read_parallel
 from .evaluate import bleu, evaluate_loss, greedy_translate, test_scores
 from .optim import clip_grad_norm_array, grad_norm_array
-from .run_dir import changed_on_resume, check_resumable, data_paths, run_bpe
+from .run_dir import RunLock, changed_on_resume, check_resumable, data_paths, run_bpe
 from .train_config import (BPE_FILE, TrainConfig, TrainError, apply_overrides,  # noqa: F401
                            model_config_for)  # (TrainConfig, apply_overrides: re-exported)
 from .train_log import Logger, format_seconds, log_validation, log_window
@@ -109,13 +109,17 @@ class Trainer:
         self.device = cfg.device
         paths = data_paths(cfg)
         last = os.path.join(self.run_dir, checkpoint.LAST)
+        if cfg.resume == "auto":    # continue if there is a run to continue, else start one
+            self.cfg = cfg = dataclasses.replace(cfg, resume=os.path.isfile(last))
         if cfg.resume and not os.path.isfile(last):
             raise TrainError(f"--resume: {last} does not exist (nothing to resume)")
         if not cfg.resume and os.path.isfile(last):
             raise TrainError(f"{self.run_dir} already holds a training run ({last}); pass "
                              "--resume to continue it, or choose another --out")
+        self.lock = None
         if self.root:
             os.makedirs(self.run_dir, exist_ok=True)
+            self.lock = RunLock(self.run_dir)     # one training per run directory
         self.comm.barrier()
         self.log = Logger(self.run_dir, enabled=self.root, stream=log_stream)
 
@@ -229,8 +233,10 @@ class Trainer:
     # ---- the loop (section 5) ----------------------------------------------------------
 
     def train(self) -> dict:
-        """Train until ``max_steps`` / ``max_minutes`` (or Ctrl-C / SIGTERM, which stop at the
-        next update boundary), then validate, save, test and plot; returns the summary.
+        """Train until ``max_steps`` / ``max_minutes``, then validate, save, test and plot;
+        returns the summary. SIGINT, SIGTERM or SIGUSR1 stop the run after the update in
+        progress: the checkpoint is written at once, with nothing else after it
+        (``summary["stopped"] == "signal"``, ``summary["signal"]`` its number).
 
         Each iteration is one update: ``update_freq`` batches of about ``max_tokens``
         target tokens (5.1), their forward and backward (the label-smoothed loss, 5.4),
@@ -251,6 +257,7 @@ class Trainer:
                         saved_step = self.step
                 batches = [next(stream) for _ in range(cfg.update_freq)]
                 self._account(self.train_step(batches), progress)
+            saved_step = self._stop_checkpoint(stop, saved_step)
         return self._summary(stop, progress, saved_step)
 
     def train_step(self, batches) -> dict:
@@ -425,11 +432,14 @@ class Trainer:
                 f"gradient norm ({result['gnorm']:.4g}); update skipped "
                 f"({self.bad_in_a_row} in a row)")
             if self.bad_in_a_row >= self.cfg.max_bad_steps:
+                saved = checkpoint.list_checkpoints(self.run_dir)
+                where = (f"the last good checkpoint is {saved[-1]}" if saved else
+                         f"no checkpoint was written yet in {self.run_dir}")
                 raise TrainError(
                     f"stopping: {self.bad_in_a_row} updates in a row had a non-finite "
                     f"loss or gradient (training diverged at step {self.step + 1}); "
-                    f"the last good checkpoint is in {self.run_dir}; try a lower "
-                    "--lr-factor, a longer --warmup or --clip-norm 1")
+                    f"{where}; try a lower peak learning rate (--lr, --lr-factor), a "
+                    "longer --warmup or --clip-norm 1")
             return
         window = progress.window
         window["loss"] += result["loss"] * result["tokens"]
@@ -485,8 +495,22 @@ class Trainer:
         return self.manager.save(self.step, self.model.state_dict(),
                                  self.optimizer.state_dict(), meta, dev_loss=dev_loss)
 
+    def _stop_checkpoint(self, stop, saved_step):
+        """On a signal stop, the checkpoint of the last update, at once (rank 0; every rank
+        stopped at the same update), unless one was just written. Returns the saved step."""
+        if stop != "signal" or saved_step == self.step:
+            return saved_step
+        if self.root:
+            t0 = time.perf_counter()
+            path = self.save()
+            self.log.info(f"wrote {path} ({time.perf_counter() - t0:.1f}s after the last "
+                          "update); stopping")
+        self.comm.barrier()
+        return self.step
+
     def _summary(self, stop, progress, saved_step) -> dict:
-        """The run's summary; on rank 0 after the final validation, checkpoint and test."""
+        """The run's summary; on rank 0 after the final validation, checkpoint and test
+        (after a signal, only the checkpoint that :meth:`_stop_checkpoint` wrote)."""
         train_seconds = time.perf_counter() - progress.t_start
         self.log.info(f"stopped ({stop}) at step {self.step} after "
                       f"{format_seconds(train_seconds)}")
@@ -499,10 +523,19 @@ class Trainer:
                    "skipped_steps": self.skipped, "ranks": self.comm.size,
                    "precision": self.policy.name,
                    "parameters": self.model.num_parameters(), "run_dir": self.run_dir}
-        if self.root:
+        if stop == "signal":
+            summary["signal"] = self._signal_number
+            summary["checkpoint"] = os.path.join(self.run_dir, f"checkpoint_{self.step}.npz")
+        elif self.root:
             summary.update(self._finish(saved_step))
         self.comm.barrier()
+        self.close()
         return summary
+
+    def close(self) -> None:
+        """Release the run directory (done by :meth:`train` at its end)."""
+        if self.lock is not None:
+            self.lock.release()
 
     def _finish(self, saved_step) -> dict:
         """Final validation (full dev set), checkpoint, test BLEU and the plot (rank 0)."""
@@ -531,24 +564,33 @@ class Trainer:
     # ---- signals: stop at an update boundary, never mid-update -------------------------
 
     _signalled = False
+    _signal_number = None
+
+    STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1")
+                         if hasattr(signal, name))
+    """Signals that stop the run after the update in progress, with a checkpoint. SIGUSR1
+    is the one Open MPI's ``mpirun`` forwards to the ranks (docs/training.md)."""
 
     @contextlib.contextmanager
     def _stop_on_signals(self):
-        """While the loop runs, SIGINT/SIGTERM ask it to stop after the current update (a
-        second one stops at once)."""
+        """While the loop and its stop checkpoint run, a stop signal asks the loop to stop
+        after the current update; further ones are noted and change nothing, so that the
+        checkpoint is written whole before the process exits."""
         import threading  # noqa: PLC0415
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        self._signalled = False
+        self._signalled, self._signal_number = False, None
 
         def handler(signum, frame):
-            if self._signalled:  # a second Ctrl-C: stop at once
-                raise KeyboardInterrupt
-            self._signalled = True
-            self.log.info(f"received signal {signum}: saving a checkpoint after this step "
-                          "(again to stop at once)")
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+            if self._signalled:
+                self.log.info(f"received signal {signum} again: already stopping, the "
+                              "checkpoint comes first")
+                return
+            self._signalled, self._signal_number = True, signum
+            self.log.info(f"received signal {signum}: stopping after this update with a "
+                          "checkpoint")
+        previous = {sig: signal.signal(sig, handler) for sig in self.STOP_SIGNALS}
         try:
             yield
         finally:
