@@ -7,7 +7,9 @@
 Writes exactly one output line per input line, in input order (an empty input line gives an
 empty output line). With ``--nbest K > 1`` it writes K lines per input in Moses' n-best format
 ``LINE ||| translation ||| score`` (LINE counts from 0). Warnings, progress and errors go to
-stderr; the BLEU line goes to stdout, or to stderr when the translations do. The work is done by
+stderr; the BLEU line goes to stdout, or to stderr when the translations do. The input is
+read and translated ``--buffer-size`` lines at a time and each block is written at once, so
+the command also serves interactively (a line in, its translation out) and in pipes. The work is done by
 :mod:`tinytf.translation`; docs/decoding.md explains the search.
 """
 from __future__ import annotations
@@ -20,8 +22,8 @@ from tinytf import backend
 from tinytf.bpe import BPEFileError
 from tinytf.search import Hypothesis
 from tinytf.translation import (
-    Progress, SearchOptions, TranslationError, Translator, corpus_bleu, read_references,
-    read_text_lines)
+    Progress, SearchOptions, TranslationError, Translator, corpus_bleu, read_text_lines,
+    stream_line_blocks)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,14 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-attention", default=None, metavar="DIR",
                    help="write the encoder-decoder attention of every translation (last layer, "
                         "mean over heads) as DIR/line_<N>.svg")
+    p.add_argument("--buffer-size", type=int, default=1000, metavar="N",
+                   help="translate the input N lines at a time (sorted by length inside a "
+                        "block), writing each block before reading on; a line typed or piped "
+                        "in is answered at once (default: 1000)")
     p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")
     return p
 
 
 def _check(args, parser):
-    for name in ("beam", "nbest", "average"):
+    for name in ("beam", "nbest", "average", "buffer_size"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.nbest > args.beam:
         parser.error(f"--nbest {args.nbest} is larger than --beam {args.beam}")
     if args.max_len_a < 0 or args.max_len_b < 0:
@@ -81,11 +87,11 @@ def _check(args, parser):
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
 
 
-def _write_svgs(translator, sources, results, directory):
+def _write_svgs(translator, sources, results, directory, first: int = 1):
     from tinytf.attention_svg import translation_attention_svg  # noqa: PLC0415
 
     os.makedirs(directory, exist_ok=True)
-    for number, (ids, nbest) in enumerate(zip(sources, results), 1):
+    for number, (ids, nbest) in enumerate(zip(sources, results), first):
         if ids and nbest:
             svg = translation_attention_svg(translator.model, translator.bpe, ids,
                                             nbest[0].tokens, title=f"line {number}")
@@ -93,48 +99,93 @@ def _write_svgs(translator, sources, results, directory):
                 f.write(svg)
 
 
+def _open_input(path):
+    """The input's file descriptor (stdin for "-"), read as a stream of line blocks."""
+    if path == "-":
+        return sys.stdin.fileno(), None
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise TranslationError(f"{path}: cannot read: {e.strerror}") from None
+    return f.fileno(), f
+
+
+def _open_output(path):
+    """Where translations go, opened before any decoding (an unwritable path fails first)."""
+    if path == "-":
+        return sys.stdout.buffer
+    try:
+        return open(path, "wb")
+    except OSError as e:
+        raise TranslationError(f"{path}: cannot write: {e.strerror}") from None
+
+
+def _format(translator, results, nbest: int, first: int) -> list[str]:
+    """Output lines: the best translation per input line, or Moses n-best lines
+    ``LINE ||| text ||| score`` (LINE counting from 0, over the whole input)."""
+    if nbest == 1:
+        return [translator.detokenize(n[0]) if n else "" for n in results]
+    return [f"{i} ||| {translator.detokenize(h)} ||| {h.score:.4f}"   # an empty line: one entry
+            for i, n in enumerate(results, first) for h in n or [Hypothesis((), 0.0, 0.0)]]
+
+
 def main(argv=None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line; returns the exit status: 0 done, 2 usage or data error (one
+    line naming the file), 141 the output pipe closed (128 + SIGPIPE); 1 is an internal
+    error (a traceback)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     _check(args, parser)
     name = "<stdin>" if args.input == "-" else args.input
+    out = None
     try:
-        lines = read_text_lines(args.input, args.errors)
-        references = (read_references(args.reference, len(lines), args.errors)
-                      if args.reference else None)
+        references = read_text_lines(args.reference, args.errors) if args.reference else None
+        fd, infile = _open_input(args.input)
+        out = _open_output(args.output)
         translator = Translator.load(args.model, average=args.average, device=args.device,
                                      precision=args.precision)
         options = SearchOptions(beam_size=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
                                 max_len_b=args.max_len_b, nbest=args.nbest)
         progress = Progress(every=5.0) if not args.quiet else None
-        sources = translator.encode_lines(lines, name)
-        results = translator.translate_ids(sources, options, args.batch_size, args.max_tokens,
-                                           progress=progress)
-        best = [translator.detokenize(nbest[0]) if nbest else "" for nbest in results]
-        if args.nbest > 1:  # an empty line has no hypotheses: it still gets one entry
-            out = [f"{i} ||| {translator.detokenize(h)} ||| {h.score:.4f}"
-                   for i, nbest in enumerate(results) for h in nbest or [Hypothesis((), 0.0, 0.0)]]
-        else:
-            out = best
-        data = "".join(line + "\n" for line in out).encode("utf-8")
-        if args.output == "-":
-            sys.stdout.buffer.write(data)
-            sys.stdout.buffer.flush()
-        else:
-            with open(args.output, "wb") as f:
-                f.write(data)
+        best, done = [], 0
+        # Read a block of lines, translate it (sorted by length inside), write and flush it
+        # in input order, then the next: bounded memory, and answers before the input ends.
+        for lines in stream_line_blocks(fd, args.buffer_size, name, args.errors):
+            sources = translator.encode_lines(lines, name)
+            results = translator.translate_ids(sources, options, args.batch_size,
+                                               args.max_tokens)
+            out.write("".join(line + "\n" for line in _format(
+                translator, results, args.nbest, done)).encode("utf-8"))
+            out.flush()
+            if args.print_attention:
+                _write_svgs(translator, sources, results, args.print_attention, done + 1)
+            if references is not None:
+                best += [translator.detokenize(n[0]) if n else "" for n in results]
+            done += len(lines)
+            if progress is not None:
+                progress(done, None)
+        if infile is not None:
+            infile.close()
         if progress is not None:
-            print(progress.summary(len(lines)), file=sys.stderr)
-        if args.print_attention:
-            _write_svgs(translator, sources, results, args.print_attention)
+            print(progress.summary(done), file=sys.stderr)
         if references is not None:
+            if len(references) != done:
+                raise TranslationError(f"{args.reference}: {len(references)} reference lines "
+                                       f"for {done} input lines")
             score, signature = corpus_bleu(best, references)
             stream = sys.stderr if args.output == "-" else sys.stdout
             print(score.format(signature=signature), file=stream)
+    except BrokenPipeError:
+        # The reader went away (| head, | true): end quietly, as a shell tool does.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13
     except (TranslationError, BPEFileError, OSError) as e:
         print(f"translate.py: error: {e}", file=sys.stderr)
-        return 1
+        return 2
+    finally:
+        if out is not None and out is not sys.stdout.buffer:
+            out.close()
     return 0
 
 

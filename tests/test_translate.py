@@ -6,6 +6,7 @@ data/ende/train.*, a 2+2-layer model saved as three numbered checkpoints (differ
 """
 
 import os
+import select
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -260,7 +261,7 @@ def test_cli_invalid_utf8(run_dir, tmp_path):
     src = tmp_path / "bad.txt"
     src.write_bytes(b"good line\n\xc3\x28 broken\nanother\n")
     proc = run_cli("--model", run_dir, "--input", src, "--max-len-b", 3)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "bad.txt: line 2: invalid UTF-8" in proc.stderr.decode()
     assert proc.stdout == b""
     proc = run_cli("--model", run_dir, "--input", src, "--max-len-b", 3, "--errors", "replace")
@@ -297,7 +298,7 @@ def test_cli_reference_nbest_average_and_attention(run_dir, test_lines, tmp_path
                               (("--model", tmp_path / "none"), "no such checkpoint")]:
         args = ["--model", run_dir, "--input", src, *bad_args]
         proc = run_cli(*args)
-        assert proc.returncode == 1 and message in proc.stderr.decode(), proc.stderr.decode()
+        assert proc.returncode == 2 and message in proc.stderr.decode(), proc.stderr.decode()
 
 
 def test_average_is_the_mean_of_the_checkpoints(run_dir):
@@ -315,3 +316,58 @@ def test_attention_weights_are_distributions(translator):
     weights = cross_attention_weights(translator.model, src, [300, 301, 302])
     assert weights.shape == (2, 4, 4, len(src)) and weights.dtype == np.float32
     np.testing.assert_allclose(weights.sum(axis=-1), 1.0, atol=1e-5)
+
+
+# ------------------------------------------------------------------ streaming
+
+def test_cli_output_is_independent_of_the_buffer_size(run_dir, test_lines, tmp_path):
+    """Blocks of 1, 3 and 1000 lines give the same output, line for line, n-best too."""
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(test_lines[:7] + [""] + test_lines[7:9]) + "\n", encoding="utf-8")
+    for extra in ([], ["--nbest", 2, "--beam", 2]):
+        outs = [run_cli("--model", run_dir, "--input", src, "--max-len-b", 4, "--quiet",
+                        "--buffer-size", n, *extra) for n in (1, 3, 1000)]
+        for proc in outs:
+            assert proc.returncode == 0, proc.stderr.decode()
+        assert outs[0].stdout == outs[1].stdout == outs[2].stdout
+    assert outs[0].stdout.decode().splitlines()[-1].startswith("9 ||| ")
+
+
+def test_cli_answers_a_line_before_the_input_ends(run_dir, test_lines):
+    """A line written to a pipe that stays open is translated and written at once (the
+    default --buffer-size of 1000 does not wait for 999 more)."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "translate.py"), "--model",
+                             str(run_dir), "--max-len-b", "4", "--quiet"], cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        for line in test_lines[:2]:
+            proc.stdin.write(line.encode() + b"\n")
+            proc.stdin.flush()
+            ready = select.select([proc.stdout], [], [], 120)[0]
+            assert ready, "no translation before EOF"
+            assert proc.stdout.readline().endswith(b"\n")
+        proc.stdin.close()
+        assert proc.stdout.read() == b"" and proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+
+
+def test_cli_a_closed_output_pipe_ends_quietly(run_dir, test_lines, tmp_path):
+    """The reader of stdout goes away (as ``| head -1`` does): exit 141, no traceback."""
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(test_lines * 4) + "\n", encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "translate.py"), "--model",
+                             str(run_dir), "--input", str(src), "--max-len-b", "2",
+                             "--buffer-size", "1", "--quiet"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and b"Traceback" not in stderr, stderr.decode()
+
+
+def test_cli_an_unwritable_output_fails_before_decoding(run_dir, tmp_path):
+    proc = run_cli("--model", run_dir, "--output", tmp_path / "no" / "such" / "dir.txt",
+                   stdin=b"a line\n")
+    assert proc.returncode == 2 and "cannot write" in proc.stderr.decode()

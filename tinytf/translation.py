@@ -80,8 +80,15 @@ def read_text_lines(path, errors: str = "strict", data: bytes | None = None) -> 
     raw_lines = data.split(b"\n")
     if raw_lines[-1] == b"":  # the final newline ends the last line; it does not start one
         raw_lines.pop()
+    return decode_lines(raw_lines, name, errors)
+
+
+def decode_lines(raw_lines, name: str, errors: str = "strict", first: int = 1) -> list[str]:
+    """UTF-8 byte lines (without ``\n``) as text: a trailing ``\r`` dropped, a byte-order mark
+    on line 1 dropped; invalid UTF-8 is a :class:`TranslationError` naming ``name`` and the
+    line number (``first`` is the number of the first line), or U+FFFD with "replace"."""
     lines = []
-    for number, raw in enumerate(raw_lines, 1):
+    for number, raw in enumerate(raw_lines, first):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -95,6 +102,33 @@ def read_text_lines(path, errors: str = "strict", data: bytes | None = None) -> 
             line = line[1:]
         lines.append(line[:-1] if line.endswith("\r") else line)
     return lines
+
+
+def stream_line_blocks(fd: int, size: int, name: str, errors: str = "strict"):
+    """Yield the lines of file descriptor ``fd`` as lists of at most ``size`` lines (text,
+    as :func:`decode_lines` makes them), without waiting for more input than is there: a
+    block ends early when the lines read so far are all that can be read without blocking
+    (a line typed on a terminal, or written to a pipe that stays open, is yielded at once).
+    From a regular file every block but the last is full."""
+    import select  # noqa: PLC0415 - POSIX; only the streaming reader needs it
+    pending, block, first = b"", [], 1
+    while True:
+        while len(block) < size and b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            block.append(line)
+        if len(block) >= size or (block and not select.select([fd], [], [], 0)[0]):
+            yield decode_lines(block, name, errors, first)
+            first += len(block)
+            block = []
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:      # end of input: a last line without its newline still counts
+            if pending:
+                block.append(pending)
+            if block:
+                yield decode_lines(block, name, errors, first)
+            return
+        pending += chunk
 
 
 def one_line(text: str) -> str:
@@ -345,12 +379,14 @@ class Progress:
         self.stream = stream or sys.stderr
         self.start = self.last = time.perf_counter()
 
-    def __call__(self, done: int, total: int) -> None:
+    def __call__(self, done: int, total: int | None) -> None:
+        """Report ``done`` of ``total`` sentences (None: a stream of unknown length)."""
         now = time.perf_counter()
-        if now - self.last >= self.every and done < total:
+        if now - self.last >= self.every and (total is None or done < total):
             self.last = now
             rate = done / max(now - self.start, 1e-9)
-            print(f"translated {done}/{total} sentences, {rate:.1f} sentences/s",
+            of = "" if total is None else f"/{total}"
+            print(f"translated {done}{of} sentences, {rate:.1f} sentences/s",
                   file=self.stream, flush=True)
 
     def summary(self, total: int) -> str:
