@@ -190,7 +190,7 @@ def test_average(tmp_path):
     out = tmp_path / "avg" / "averaged.npz"
     out.parent.mkdir()
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "average_checkpoints.py"),
+        [sys.executable, "-m", "tinytf.commands.average",
          "--inputs", str(tmp_path), "--num", "2", "--output", str(out)],
         capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

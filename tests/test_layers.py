@@ -21,6 +21,7 @@ LAYERS = [
     ("model", ["transformer", "search", "translation", "attention_svg"]),
     ("training", ["data", "train_config", "train_log", "evaluate", "run_dir", "trainer",
                   "pipelined", "run"]),
+    ("commands", ["commands"]),
 ]
 """Lowest first: (layer, top-level modules or packages of tinytf in it)."""
 

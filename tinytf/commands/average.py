@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """Average the parameters of the last K checkpoints of a run, as the paper does (section 6.1:
 the last 5 checkpoints, written at 10-minute intervals, for the base model; 20 for big).
 
-    python scripts/average_checkpoints.py --inputs RUNDIR --num 5 --output RUNDIR/averaged.npz
-    python scripts/average_checkpoints.py --inputs a.npz b.npz c.npz --output avg.npz
+    tinytf-average --inputs RUNDIR --num 5 --output RUNDIR/averaged.npz
+    tinytf-average --inputs a.npz b.npz c.npz --output avg.npz
 
 The output is an ordinary tinytf checkpoint (model parameters, config and BPE reference, no
 optimizer state) that translate.py reads like any other. translate.py --average K does the same
@@ -13,9 +12,7 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tinytf import checkpoint  # noqa: E402
+from tinytf import checkpoint
 
 
 def main(argv=None) -> int:
@@ -48,7 +45,7 @@ def main(argv=None) -> int:
                 meta["bpe"] = dict(bpe, file=os.path.join(source_dir, bpe["file"]))
         checkpoint.save(args.output, averaged.model, meta=meta)
     except checkpoint.CheckpointError as e:
-        print(f"average_checkpoints.py: error: {e}", file=sys.stderr)
+        print(f"tinytf-average: error: {e}", file=sys.stderr)
         return 2
     print(f"averaged {len(paths)} checkpoints ({', '.join(os.path.basename(p) for p in paths)})"
           f" into {args.output}", file=sys.stderr)

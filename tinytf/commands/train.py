@@ -1,0 +1,169 @@
+"""Train a Transformer (Vaswani et al. 2017) on parallel text: a thin shell over tinytf.trainer.
+
+    python train.py                        # tiny preset, shipped en->de corpus, ~10 min on a CPU
+    python train.py --data DIR --src en --tgt de --out RUNDIR --config base --max-steps 100000
+    python train.py --out RUNDIR --resume  # continue exactly where the run stopped
+    python train.py ... --resume auto      # continue if RUNDIR has a checkpoint, else start
+    mpirun -n 8 python train.py ...        # data-parallel over MPI ranks (docs/distributed.md)
+
+Log lines go to stderr (and RUNDIR/train.log); stdout gets one JSON line summarising the run.
+Exit status: 0 done, 1 internal error, 2 usage or data error, 128 + N stopped by signal N
+(SIGINT 130, SIGUSR1 138, SIGTERM 143) after writing its checkpoint. See docs/training.md.
+"""
+import argparse
+import json
+import os
+import signal
+import sys
+
+from tinytf import distributed
+from tinytf.bpe import BPEFileError
+from tinytf.checkpoint import CheckpointError
+from tinytf.data import DataError
+from tinytf.schedule import SCHEDULES
+from tinytf.run import train
+from tinytf.run_dir import resumed_config
+from tinytf.train_config import TrainConfig, TrainError, apply_overrides
+
+USER_ERRORS = (TrainError, DataError, CheckpointError, BPEFileError)
+
+
+def preset_defaults_text() -> str:
+    """The per-preset training defaults as --help lines (from TrainConfig.PRESET_DEFAULTS)."""
+    lines = []
+    for name, defaults in TrainConfig.PRESET_DEFAULTS.items():
+        label = "tiny" if name == "tiny" else "small, base, big"
+        flags = " ".join(f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else
+                         f"--{k.replace('_', '-')} {v}" for k, v in defaults.items())
+        peak = TrainConfig(config="tiny" if name == "tiny" else "base").tuned_peak()
+        lines.append(f"  {label + ':':17s} {flags} (peak lr {peak:.2e}"
+                     f"{' for base' if name != 'tiny' else ''})\n")
+    return "".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; options without a default here are filled in per preset
+    (``TrainConfig.resolved``)."""
+    d = TrainConfig()
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Without --max-steps and --max-minutes, training stops after 10 minutes.\n"
+               "Per-preset defaults:\n" + preset_defaults_text() + "See docs/training.md.")
+    p.add_argument("--data", default=d.data, help="directory with train.SRC, train.TGT, "
+                   f"dev.SRC, dev.TGT and optionally test.SRC, test.TGT (default: {d.data})")
+    p.add_argument("--src", default=d.src, help=f"source language suffix (default: {d.src})")
+    p.add_argument("--tgt", default=d.tgt, help=f"target language suffix (default: {d.tgt})")
+    p.add_argument("--out", metavar="RUNDIR", help="run directory: BPE model, checkpoints, "
+                   "logs (default: runs/<name of --data>-<config>, e.g. runs/ende-tiny)")
+    p.add_argument("--config", default=d.config,
+                   help=f"model preset: tiny, small, base, big (default: {d.config})")
+    p.add_argument("--max-tokens", type=int, metavar="N",
+                   help="padded tokens per batch and side, per rank")
+    p.add_argument("--update-freq", type=int, default=d.update_freq, metavar="K",
+                   help="batches accumulated into one update (default: 1)")
+    p.add_argument("--max-steps", type=int, metavar="N",
+                   help="stop after N updates (counting the whole run)")
+    p.add_argument("--max-minutes", type=float, metavar="M",
+                   help="stop after M minutes of this invocation")
+    p.add_argument("--lr-schedule", choices=SCHEDULES,
+                   help="noam (the paper's: peak = factor * (d_model * warmup)^-0.5), "
+                        "inverse_sqrt (fairseq's, peak --lr), linear (warm up to --lr, then "
+                        "decay to zero at the end of --max-steps / --max-minutes). Default: "
+                        "the preset's; --lr-factor alone means noam, --lr alone the preset's "
+                        "schedule or, for a noam preset, inverse_sqrt")
+    p.add_argument("--lr", type=float, metavar="PEAK",
+                   help="peak learning rate (inverse_sqrt, linear)")
+    p.add_argument("--warmup", type=int, metavar="N", help="warm-up updates of the schedule")
+    p.add_argument("--lr-factor", type=float, metavar="F",
+                   help="factor of the paper's schedule (noam)")
+    p.add_argument("--vocab-size", type=int, metavar="V",
+                   help="joint BPE vocabulary, learnt when RUNDIR has none (default: tiny 4000, others 8000)")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"(default: {d.seed})")
+    p.add_argument("--resume", nargs="?", const=True, choices=[True, "auto"], metavar="auto",
+                   help="continue exactly from RUNDIR/checkpoint_last.npz, with the run's own "
+                        "options (options given here override them); '--resume auto': "
+                        "continue if that checkpoint exists, else start a new run (one "
+                        "command for the first job and every requeue)")
+    p.add_argument("--device", choices=["cpu", "gpu"], default=d.device,
+                   help=f"NumPy or CuPy (default: {d.device})")
+    p.add_argument("--precision", choices=["float32", "tf32", "bf16", "fp16"],
+                   default=d.precision,
+                   help="float32; tf32 (float32 products on TF32 tensor cores); bf16 or fp16 "
+                        "(16-bit products, float32 master weights; fp16 with dynamic loss "
+                        "scaling). On the CPU bf16 is emulated: right numerics, no speed-up "
+                        f"(default: {d.precision})")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="with --device gpu: replay each step's forward and backward as a CUDA "
+                        "graph, one per padded batch shape (no launch cost per op; batches "
+                        "padded to lengths in multiples of 8)")
+    p.add_argument("--log-interval", type=int, default=d.log_interval, metavar="N",
+                   help=f"steps per log line (default: {d.log_interval})")
+    p.add_argument("--save-interval", type=int, metavar="N", help="steps between checkpoints")
+    p.add_argument("--valid-interval", type=int, metavar="N",
+                   help="steps between validations (default: the save interval)")
+    p.add_argument("--keep-last", type=int, default=d.keep_last, metavar="K",
+                   help=f"numbered checkpoints kept, 0 for all (default: {d.keep_last})")
+    p.add_argument("--clip-norm", type=float, default=d.clip_norm, metavar="X",
+                   help="clip the gradient norm to X (default: 0, no clipping)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model key (dropout=0.3, pre_norm=true, ...) or a training "
+                        "key without its own option (train_max_len, valid_bleu_sentences, "
+                        "test_bleu, max_bad_steps); repeatable")
+    return p
+
+
+def given_options(argv) -> set:
+    """The TrainConfig names of the options that ``argv`` sets explicitly."""
+    parser, unset = build_parser(), object()
+    parser.set_defaults(**{name: unset for name in vars(parser.parse_args([])) if name != "set"})
+    given = {k for k, v in vars(parser.parse_args(argv)).items() if v is not unset}
+    return given - {"set", "resume"}
+
+
+def config_from_args(args, given=frozenset()) -> TrainConfig:
+    """TrainConfig from parsed arguments, with --set applied and every value checked; with
+    --resume, the run's stored options with the ``given`` ones on top."""
+    cfg = TrainConfig(
+        data=args.data, src=args.src, tgt=args.tgt, out=args.out, config=args.config,
+        max_tokens=args.max_tokens, update_freq=args.update_freq, max_steps=args.max_steps,
+        max_minutes=args.max_minutes, lr_schedule=args.lr_schedule, lr=args.lr,
+        warmup=args.warmup, lr_factor=args.lr_factor,
+        vocab_size=args.vocab_size, seed=args.seed, resume=args.resume, device=args.device,
+        precision=args.precision, cuda_graph=args.cuda_graph,
+        log_interval=args.log_interval, save_interval=args.save_interval,
+        valid_interval=args.valid_interval, keep_last=args.keep_last, clip_norm=args.clip_norm)
+    if args.resume:
+        return resumed_config(cfg, given, args.set).resolved()
+    return apply_overrides(cfg, args.set).resolved()
+
+
+def _prog() -> str:
+    """The program's name for messages: ``train.py`` or ``tinytf-train``, as it was called."""
+    return os.path.basename(sys.argv[0]) or "train.py"
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    given = given_options(sys.argv[1:] if argv is None else argv)
+    if args.device == "gpu":  # read by tinytf.backend and by distributed.init (GPU choice)
+        os.environ["TINYTF_DEVICE"] = "gpu"
+    comm = distributed.init()
+    with comm.guard():
+        try:
+            cfg = config_from_args(args, given)
+            summary = train(cfg, comm=comm)
+        except USER_ERRORS as e:
+            if comm.size > 1:
+                comm.abort(f"{_prog()}: error: {e}", code=2)
+            print(f"{_prog()}: error: {e}", file=sys.stderr)
+            return 2
+        if comm.is_root:
+            print(json.dumps(summary, sort_keys=True), flush=True)
+    if summary["stopped"] == "signal":   # the requeue's cue: 128 + the signal's number
+        return 128 + (summary.get("signal") or signal.SIGTERM)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Translate raw text with a trained tinytf run: beam search, detokenised output, optional BLEU.
+
+    python translate.py --model runs/tiny --input data/ende/test.en --output out.de \\
+        --reference data/ende/test.de
+
+Writes exactly one output line per input line, in input order (an empty input line gives an
+empty output line). With ``--nbest K > 1`` it writes K lines per input in Moses' n-best format
+``LINE ||| translation ||| score`` (LINE counts from 0). Warnings, progress and errors go to
+stderr; the BLEU line goes to stdout, or to stderr when the translations do. The input is
+read and translated ``--buffer-size`` lines at a time and each block is written at once, so
+the command also serves interactively (a line in, its translation out) and in pipes. The work is done by
+:mod:`tinytf.translation`; docs/decoding.md explains the search.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from tinytf import backend
+from tinytf.bpe import BPEFileError
+from tinytf.search import Hypothesis
+from tinytf.translation import (
+    Progress, SearchOptions, TranslationError, Translator, corpus_bleu, read_text_lines,
+    stream_line_blocks)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (``python translate.py --help``)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, metavar="RUNDIR|CHECKPOINT",
+                   help="a run directory (its checkpoint_last.npz or newest checkpoint) or a "
+                        "checkpoint file; the BPE model is found beside it")
+    p.add_argument("--input", default="-", metavar="FILE|-", help="raw text, one sentence a line (default: stdin)")
+    p.add_argument("--output", default="-", metavar="FILE|-", help="where translations go (default: stdout)")
+    p.add_argument("--beam", type=int, default=4, help="beam size; 1 is greedy (default: 4)")
+    p.add_argument("--alpha", type=float, default=0.6,
+                   help="GNMT length penalty exponent: score = log P / ((5 + |Y|) / 6) ** alpha "
+                        "(default: 0.6)")
+    p.add_argument("--max-len-a", type=float, default=1.0,
+                   help="at most a * source tokens + b output tokens (default: a=1, b=50)")
+    p.add_argument("--max-len-b", type=int, default=50, help="see --max-len-a")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--batch-size", type=int, default=None, metavar="N",
+                      help="sentences per batch (default 64 when --max-tokens is not given)")
+    size.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                      help="padded source tokens per batch")
+    p.add_argument("--nbest", type=int, default=1, metavar="K",
+                   help="write the K best translations of each line (Moses n-best format; "
+                        "default: 1)")
+    p.add_argument("--average", type=int, default=1, metavar="K",
+                   help="average the last K checkpoints of the run directory before decoding "
+                        "(default: 1, no averaging)")
+    p.add_argument("--reference", default=None, metavar="FILE",
+                   help="print sacrebleu's BLEU against these references, with its signature")
+    p.add_argument("--device", choices=("cpu", "gpu"), default=backend.default_device(),
+                   help="where to run the model (default: $TINYTF_DEVICE or cpu)")
+    p.add_argument("--precision", choices=("float32", "tf32", "bf16", "fp16"),
+                   default="float32",
+                   help="compute precision of the model's products (tinytf.amp; bf16 and "
+                        "tf32 pay off on a GPU; default: float32)")
+    p.add_argument("--errors", choices=("strict", "replace"), default="strict",
+                   help="invalid UTF-8 in the input: stop with an error naming the line, or "
+                        "replace the bad bytes with U+FFFD (default: strict)")
+    p.add_argument("--print-attention", default=None, metavar="DIR",
+                   help="write the encoder-decoder attention of every translation (last layer, "
+                        "mean over heads) as DIR/line_<N>.svg")
+    p.add_argument("--buffer-size", type=int, default=1000, metavar="N",
+                   help="translate the input N lines at a time (sorted by length inside a "
+                        "block), writing each block before reading on; a line typed or piped "
+                        "in is answered at once (default: 1000)")
+    p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")
+    return p
+
+
+def _check(args, parser):
+    for name in ("beam", "nbest", "average", "buffer_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.nbest > args.beam:
+        parser.error(f"--nbest {args.nbest} is larger than --beam {args.beam}")
+    if args.max_len_a < 0 or args.max_len_b < 0:
+        parser.error("--max-len-a and --max-len-b must not be negative")
+    for name in ("batch_size", "max_tokens"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+
+
+def _write_svgs(translator, sources, results, directory, first: int = 1):
+    from tinytf.attention_svg import translation_attention_svg  # noqa: PLC0415
+
+    os.makedirs(directory, exist_ok=True)
+    for number, (ids, nbest) in enumerate(zip(sources, results), first):
+        if ids and nbest:
+            svg = translation_attention_svg(translator.model, translator.bpe, ids,
+                                            nbest[0].tokens, title=f"line {number}")
+            with open(os.path.join(directory, f"line_{number}.svg"), "w", encoding="utf-8") as f:
+                f.write(svg)
+
+
+def _open_input(path):
+    """The input's file descriptor (stdin for "-"), read as a stream of line blocks."""
+    if path == "-":
+        return sys.stdin.fileno(), None
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise TranslationError(f"{path}: cannot read: {e.strerror}") from None
+    return f.fileno(), f
+
+
+def _open_output(path):
+    """Where translations go, opened before any decoding (an unwritable path fails first)."""
+    if path == "-":
+        return sys.stdout.buffer
+    try:
+        return open(path, "wb")
+    except OSError as e:
+        raise TranslationError(f"{path}: cannot write: {e.strerror}") from None
+
+
+def _format(translator, results, nbest: int, first: int) -> list[str]:
+    """Output lines: the best translation per input line, or Moses n-best lines
+    ``LINE ||| text ||| score`` (LINE counting from 0, over the whole input)."""
+    if nbest == 1:
+        return [translator.detokenize(n[0]) if n else "" for n in results]
+    return [f"{i} ||| {translator.detokenize(h)} ||| {h.score:.4f}"   # an empty line: one entry
+            for i, n in enumerate(results, first) for h in n or [Hypothesis((), 0.0, 0.0)]]
+
+
+def _prog() -> str:
+    """The program's name for messages: ``translate.py`` or ``tinytf-translate``, as it was called."""
+    return os.path.basename(sys.argv[0]) or "translate.py"
+
+
+def main(argv=None) -> int:
+    """Run the command line; returns the exit status: 0 done, 2 usage or data error (one
+    line naming the file), 141 the output pipe closed (128 + SIGPIPE); 1 is an internal
+    error (a traceback)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check(args, parser)
+    name = "<stdin>" if args.input == "-" else args.input
+    out = None
+    try:
+        references = read_text_lines(args.reference, args.errors) if args.reference else None
+        fd, infile = _open_input(args.input)
+        out = _open_output(args.output)
+        translator = Translator.load(args.model, average=args.average, device=args.device,
+                                     precision=args.precision)
+        options = SearchOptions(beam_size=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
+                                max_len_b=args.max_len_b, nbest=args.nbest)
+        progress = Progress(every=5.0) if not args.quiet else None
+        best, done = [], 0
+        # Read a block of lines, translate it (sorted by length inside), write and flush it
+        # in input order, then the next: bounded memory, and answers before the input ends.
+        for lines in stream_line_blocks(fd, args.buffer_size, name, args.errors):
+            sources = translator.encode_lines(lines, name)
+            results = translator.translate_ids(sources, options, args.batch_size,
+                                               args.max_tokens)
+            out.write("".join(line + "\n" for line in _format(
+                translator, results, args.nbest, done)).encode("utf-8"))
+            out.flush()
+            if args.print_attention:
+                _write_svgs(translator, sources, results, args.print_attention, done + 1)
+            if references is not None:
+                best += [translator.detokenize(n[0]) if n else "" for n in results]
+            done += len(lines)
+            if progress is not None:
+                progress(done, None)
+        if infile is not None:
+            infile.close()
+        if progress is not None:
+            print(progress.summary(done), file=sys.stderr)
+        if references is not None:
+            if len(references) != done:
+                raise TranslationError(f"{args.reference}: {len(references)} reference lines "
+                                       f"for {done} input lines")
+            score, signature = corpus_bleu(best, references)
+            stream = sys.stderr if args.output == "-" else sys.stdout
+            print(score.format(signature=signature), file=stream)
+    except BrokenPipeError:
+        # The reader went away (| head, | true): end quietly, as a shell tool does.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13
+    except (TranslationError, BPEFileError, OSError) as e:
+        print(f"{_prog()}: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if out is not None and out is not sys.stdout.buffer:
+            out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
