@@ -81,7 +81,7 @@ def test_interrupted_write_leaves_previous_checkpoint(tmp_path, monkeypatch):
     def crash(src, dst):
         raise OSError("simulated crash before the rename")
     monkeypatch.setattr(os, "replace", crash)
-    with pytest.raises(OSError, match="simulated crash"):
+    with pytest.raises(checkpoint.CheckpointError, match="simulated crash"):
         checkpoint.save(path, _model_state(1), meta={"step": 2})
     monkeypatch.undo()
 
@@ -199,3 +199,31 @@ def test_average(tmp_path):
     np.testing.assert_allclose(ckpt.model["embed.weight"], expected.astype(np.float32))
     assert ckpt.meta["averaged_from"] == ["checkpoint_2.npz", "checkpoint_3.npz"]
     assert zipfile.is_zipfile(out)
+
+
+def test_a_failed_write_names_the_file_and_keeps_the_old_checkpoint(tmp_path):
+    """A write the file system refuses (here: a file-size limit, as a full disk refuses)
+    is one CheckpointError naming the file and the size, and the previous checkpoint at
+    that path stays whole."""
+    path = tmp_path / "c.npz"
+    code = f"""
+import resource, signal, sys
+import numpy as np
+sys.path.insert(0, {ROOT!r})
+from tinytf import checkpoint
+checkpoint.save({str(path)!r}, {{"w": np.ones(10, np.float32)}})
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)          # EFBIG instead of a signal
+resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+try:
+    checkpoint.save({str(path)!r}, {{"w": np.ones(1_000_000, np.float32)}})
+except checkpoint.CheckpointError as e:
+    print(e)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    message = result.stdout.strip()
+    assert message.startswith(f"{path}: cannot write the checkpoint: File too large")
+    assert "needs about 3.8 MiB" in message and "intact" in message
+    np.testing.assert_array_equal(checkpoint.load(path).model["w"], np.ones(10, np.float32))
+    assert [p.name for p in tmp_path.iterdir()] == ["c.npz"]          # no temporary left

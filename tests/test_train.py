@@ -108,6 +108,16 @@ def test_cli_smoke_run_prints_json_summary(data_dir, tmp_path, capsys):
     assert meta["step"] == 4
     assert meta["bpe"]["sha256"] == checkpoint.sha256_file(out / "bpe.json")
     assert meta["model_config"]["d_model"] == 16 and meta["train_config"]["max_steps"] == 4
+    # The run directory tells its story: options and command line, timestamped log lines.
+    config = json.loads((out / "config.json").read_text())
+    assert config["options"]["max_steps"] == 4 and config["ranks"] == 1
+    assert "--max-steps" in config["command"] and config["tinytf"]
+    first = (out / "train.log").read_text().splitlines()[0]
+    assert first[:4].isdigit() and " | " in first
+    (out / "training.svg").unlink()
+    drawn = subprocess.run([sys.executable, "-m", "tinytf.plot", str(out)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert drawn.returncode == 0 and (out / "training.svg").read_text().startswith("<svg")
     assert {"epoch", "index"} <= set(meta["data_state"]) and "numpy" in meta["rng_state"]
     svg = ET.parse(out / "training.svg").getroot()
     assert svg.tag.endswith("svg") and svg.iter("{http://www.w3.org/2000/svg}polyline")
@@ -471,3 +481,30 @@ def test_time_budget_progress_continues_from_a_resumed_fraction(data_dir, tmp_pa
     run.cfg.max_steps = 10
     run._progress = None
     assert run.budget_progress(6) == pytest.approx(0.5)
+
+
+def test_resume_takes_the_newest_checkpoint_that_loads(data_dir, tmp_path):
+    """A truncated checkpoint_last.npz with intact numbered checkpoints resumes from the
+    newest of those, saying so; a numbered checkpoint newer than the last one wins."""
+    out = tmp_path / "r"
+    _run(_config(data_dir, out, max_steps=4, save_interval=2, keep_last=0))
+    last = out / checkpoint.LAST
+    torn = last.read_bytes()[:1000]
+    last.unlink()                     # (the last is a hard link to checkpoint_4.npz)
+    last.write_bytes(torn)            # a torn copy
+    log = tmp_path / "log.txt"
+    t = trainer.Trainer(_config(data_dir, out, max_steps=6, save_interval=2, keep_last=0,
+                                resume=True), log_stream=open(log, "w"))
+    assert t.step == 4
+    text = log.read_text()
+    assert "checkpoint_last.npz: unreadable checkpoint" in text
+    assert "resuming from" in text and "checkpoint_4.npz (step 4)" in text
+    t.train()
+    # Now the last is step 6; put a newer numbered checkpoint beside an older last.
+    older = checkpoint.load(out / "checkpoint_4.npz")
+    last.unlink()
+    checkpoint.save(last, older.model, optim_state=older.optim, meta=older.meta)
+    t = trainer.Trainer(_config(data_dir, out, max_steps=7, save_interval=2, keep_last=0,
+                                resume=True), log_stream=open(os.devnull, "w"))
+    assert t.step == 6
+    t.close()

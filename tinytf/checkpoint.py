@@ -167,7 +167,19 @@ def save(path, model_state: dict, *, optim_state=None, meta: dict | None = None)
         except TypeError as e:
             raise CheckpointError(f"checkpoint metadata {key!r} is not JSON-serialisable: {e}")
         arrays[f"meta/{key}"] = np.array(text)  # 0-d unicode array: no pickle needed
-    atomic_write(path, lambda f: np.savez(f, **arrays))
+    try:
+        atomic_write(path, lambda f: np.savez(f, **arrays))
+    except OSError as e:
+        # Disk full, quota, permissions: one line naming the file; the old file stays.
+        needed = sum(a.nbytes for a in arrays.values())
+        directory = os.path.dirname(os.path.abspath(os.fspath(path)))
+        try:
+            free = f", {shutil.disk_usage(directory).free / 2**20:,.0f} MiB free there"
+        except OSError:
+            free = ""
+        raise CheckpointError(f"{os.fspath(path)}: cannot write the checkpoint: "
+                              f"{e.strerror or e} (it needs about {needed / 2**20:,.1f} MiB"
+                              f"{free}); the earlier checkpoints are intact") from None
 
 
 class Checkpoint:
@@ -215,6 +227,12 @@ def load(path, *, with_optim: bool = True) -> Checkpoint:
         raise CheckpointError(f"{path}: unreadable checkpoint ({type(e).__name__}: {e})") from e
     meta.pop("optim", None)
     return Checkpoint(path, model, optim, meta)
+
+
+def step_of(path) -> int | None:
+    """The step in a numbered checkpoint's name (``checkpoint_<step>.npz``), else None."""
+    m = _NUMBERED.match(os.path.basename(os.fspath(path)))
+    return int(m.group(1)) if m else None
 
 
 def list_checkpoints(run_dir) -> list[str]:

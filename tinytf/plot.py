@@ -114,6 +114,35 @@ def training_plot_svg(records) -> str:
 
 
 def write_training_plot(path, records) -> None:
-    """Write ``training_plot_svg(records)`` to ``path``."""
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(training_plot_svg(records))
+    """Write ``training_plot_svg(records)`` to ``path`` (atomically: a reader never sees half)."""
+    from .checkpoint import atomic_write  # noqa: PLC0415 - a sibling of the foundation layer
+    svg = training_plot_svg(records).encode("utf-8")
+    atomic_write(path, lambda f: f.write(svg))
+
+
+def main(argv=None) -> int:
+    """``python -m tinytf.plot RUNDIR``: draw RUNDIR/training.svg from RUNDIR/log.jsonl now."""
+    import json  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not os.path.isdir(args[0]):
+        print("usage: python -m tinytf.plot RUNDIR", file=sys.stderr)
+        return 2
+    records = []
+    log = os.path.join(args[0], "log.jsonl")
+    if os.path.isfile(log):
+        with open(log, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue          # a line cut by a crash
+    path = os.path.join(args[0], "training.svg")
+    write_training_plot(path, records)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

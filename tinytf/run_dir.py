@@ -94,13 +94,13 @@ def resumed_config(cfg, given, assignments=()):
     options replaces all three of them, so the preset's defaults fill in the rest again.
     """
     out = cfg.out or dataclasses.replace(cfg, resume=False).resolved().out
-    last = os.path.join(out, checkpoint.LAST)
-    if not os.path.isfile(last):   # "auto": a new run; True: the Trainer says why not
+    ckpt = newest_checkpoint(out, with_optim=False)[0] if has_checkpoint(out) else None
+    if ckpt is None:   # "auto": a new run; True: the Trainer says why not
         return apply_overrides(dataclasses.replace(cfg, out=out, resume=cfg.resume is True),
                                assignments)
-    saved = checkpoint.load(last, with_optim=False).meta.get("train_config")
+    saved = ckpt.meta.get("train_config")
     if not isinstance(saved, dict):
-        raise TrainError(f"{last}: holds no training options (not a training checkpoint)")
+        raise TrainError(f"{ckpt.path}: holds no training options (not a training checkpoint)")
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     options = {k: v for k, v in saved.items() if k in fields}
     if any(k in given for k in SCHEDULE_KEYS):
@@ -142,3 +142,34 @@ class RunLock:
         """Give the directory up (closing the file drops the lock)."""
         if not self._file.closed:
             self._file.close()
+
+
+def has_checkpoint(run_dir: str) -> bool:
+    """Whether ``run_dir`` holds a checkpoint of a run (the last, or a numbered one)."""
+    return os.path.isfile(os.path.join(run_dir, checkpoint.LAST)) or (
+        os.path.isdir(run_dir) and bool(checkpoint.list_checkpoints(run_dir)))
+
+
+def newest_checkpoint(run_dir: str, with_optim: bool = True):
+    """(the newest checkpoint of ``run_dir`` that loads whole and can be resumed, the
+    problems met on the way as messages): checkpoint_last.npz unless a numbered checkpoint
+    is newer, and the newest loadable numbered one when the last is damaged. None when no
+    checkpoint can be resumed."""
+    problems, found = [], None
+    last = os.path.join(run_dir, checkpoint.LAST)
+    numbered = checkpoint.list_checkpoints(run_dir) if os.path.isdir(run_dir) else []
+    for path in ([last] if os.path.isfile(last) else []) + numbered[::-1]:
+        step = checkpoint.step_of(path)
+        if found is not None and step is not None and step <= found.step:
+            break                         # numbered, oldest last: nothing newer remains
+        try:
+            ckpt = checkpoint.load(path, with_optim=with_optim)
+        except checkpoint.CheckpointError as e:
+            problems.append(str(e))
+            continue
+        if "data_state" not in ckpt.meta or (with_optim and ckpt.optim is None):
+            problems.append(f"{path}: not a checkpoint to resume (no optimizer or data state)")
+            continue
+        if found is None or ckpt.step > found.step:
+            found = ckpt
+    return found, problems

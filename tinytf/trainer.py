@@ -46,10 +46,12 @@ from . import amp, backend, checkpoint, distributed, fast
 from .data import BatchIterator, ParallelCorpus, read_parallel
 from .evaluate import bleu, evaluate_loss, greedy_translate, test_scores
 from .optim import clip_grad_norm_array, grad_norm_array
-from .run_dir import RunLock, changed_on_resume, check_resumable, data_paths, run_bpe
+from .plot import write_training_plot
+from .run_dir import (RunLock, changed_on_resume, check_resumable, data_paths, has_checkpoint,
+                      newest_checkpoint, run_bpe)
 from .train_config import (BPE_FILE, TrainConfig, TrainError, apply_overrides,  # noqa: F401
                            model_config_for)  # (TrainConfig, apply_overrides: re-exported)
-from .train_log import Logger, format_seconds, log_validation, log_window
+from .train_log import Logger, format_seconds, log_validation, log_window, write_run_config
 from .transformer import Transformer, TransformerConfig, label_smoothed_loss
 
 
@@ -109,13 +111,14 @@ class Trainer:
         self.device = cfg.device
         paths = data_paths(cfg)
         last = os.path.join(self.run_dir, checkpoint.LAST)
+        exists = has_checkpoint(self.run_dir)
         if cfg.resume == "auto":    # continue if there is a run to continue, else start one
-            self.cfg = cfg = dataclasses.replace(cfg, resume=os.path.isfile(last))
-        if cfg.resume and not os.path.isfile(last):
+            self.cfg = cfg = dataclasses.replace(cfg, resume=exists)
+        if cfg.resume and not exists:
             raise TrainError(f"--resume: {last} does not exist (nothing to resume)")
-        if not cfg.resume and os.path.isfile(last):
-            raise TrainError(f"{self.run_dir} already holds a training run ({last}); pass "
-                             "--resume to continue it, or choose another --out")
+        if not cfg.resume and exists:
+            raise TrainError(f"{self.run_dir} already holds a training run (checkpoints); "
+                             "pass --resume to continue it, or choose another --out")
         self.lock = None
         if self.root:
             os.makedirs(self.run_dir, exist_ok=True)
@@ -129,8 +132,8 @@ class Trainer:
         self.dev_lines = read_parallel(*paths["dev"])
         self.test_lines = read_parallel(*paths["test"]) if "test" in paths else None
         self.bpe, self.bpe_sha = run_bpe(cfg, self.comm, self.log, paths["train"])
-        resume = checkpoint.load(last) if cfg.resume else None
-        self.model_cfg = self._model_config(resume, last)
+        resume = self._checkpoint_to_resume() if cfg.resume else None
+        self.model_cfg = self._model_config(resume, resume.path if resume else last)
 
         backend.manual_seed(cfg.seed)
         self.model = Transformer(self.model_cfg)
@@ -168,6 +171,20 @@ class Trainer:
             self._restore(resume)
         self.manager = checkpoint.CheckpointManager(self.run_dir, cfg.keep_last) \
             if self.root else None
+        if self.root:
+            write_run_config(self.run_dir, cfg, self.comm.size, self.device)
+
+    def _checkpoint_to_resume(self):
+        """The newest checkpoint of the run that loads whole, saying which and what was
+        wrong with any newer one."""
+        ckpt, problems = newest_checkpoint(self.run_dir)
+        for problem in problems:
+            self.log.info(f"warning: {problem}; skipped")
+        if ckpt is None:
+            raise TrainError(f"--resume: no checkpoint in {self.run_dir} can be resumed"
+                             + (f" ({problems[0]})" if problems else ""))
+        self.log.info(f"resuming from {ckpt.path} (step {ckpt.step})")
+        return ckpt
 
     def _model_config(self, resume, last) -> TransformerConfig:
         """The model's config: the checkpoint's when resuming (the flags must agree)."""
@@ -412,6 +429,8 @@ class Trainer:
                 metrics = self.validate(self.cfg.valid_bleu_sentences)
                 log_validation(self.log, self.step, metrics)
             self.save(metrics)
+            if metrics:
+                self._plot()        # redrawn at every validation: a killed run has one too
         self.comm.barrier()
         paused = time.perf_counter() - t_pause
         progress.valid_seconds += paused
@@ -552,14 +571,20 @@ class Trainer:
             out.update(test_scores(self.model, self.bpe, self.test_lines, self.log,
                                    self.device, self.policy.name, self.cfg.test_beam,
                                    max(self.cfg.valid_samples, 3)))
-        try:
-            from .plot import write_training_plot  # noqa: PLC0415
-            path = os.path.join(self.run_dir, "training.svg")
-            write_training_plot(path, self.log.records())
+        path = self._plot()
+        if path:
             out["plot"] = path
+        return out
+
+    def _plot(self) -> str | None:
+        """RUNDIR/training.svg from the log's records; None (with a warning) if it fails."""
+        path = os.path.join(self.run_dir, "training.svg")
+        try:
+            write_training_plot(path, self.log.records())
         except OSError as e:  # a plot must never cost the run
             self.log.info(f"warning: could not write the plot: {e}")
-        return out
+            return None
+        return path
 
     # ---- signals: stop at an update boundary, never mid-update -------------------------
 
