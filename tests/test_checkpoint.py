@@ -145,7 +145,7 @@ def test_manager_keeps_last_k_and_best(tmp_path):
     manager = CheckpointManager(tmp_path, keep_last=2)
     losses = {1: 5.0, 2: 4.0, 3: 4.5, 4: None}
     for step, loss in losses.items():
-        manager.save(step, _model_state(step), None, {"note": step}, dev_loss=loss)
+        manager.save(step, _model_state(step), None, {"note": step}, score=loss)
     assert [os.path.basename(p) for p in checkpoint.list_checkpoints(tmp_path)] == \
         ["checkpoint_3.npz", "checkpoint_4.npz"]
     assert checkpoint.load(tmp_path / checkpoint.LAST).step == 4
@@ -155,9 +155,9 @@ def test_manager_keeps_last_k_and_best(tmp_path):
     assert checkpoint.resolve(str(tmp_path)) == str(tmp_path / checkpoint.LAST)
     # A new manager on the same directory remembers the best loss.
     again = CheckpointManager(tmp_path, keep_last=2)
-    again.save(5, _model_state(5), None, {}, dev_loss=4.2)
+    again.save(5, _model_state(5), None, {}, score=4.2)
     assert checkpoint.load(tmp_path / checkpoint.BEST).step == 2
-    again.save(6, _model_state(6), None, {}, dev_loss=3.9)
+    again.save(6, _model_state(6), None, {}, score=3.9)
     assert checkpoint.load(tmp_path / checkpoint.BEST).step == 6
     # Numbered checkpoints sort by step, not by name.
     again.keep_last = 0

@@ -508,3 +508,25 @@ def test_resume_takes_the_newest_checkpoint_that_loads(data_dir, tmp_path):
                                 resume=True), log_stream=open(os.devnull, "w"))
     assert t.step == 6
     t.close()
+
+
+def test_patience_and_max_epochs_stop_the_run(data_dir, tmp_path):
+    """--patience N stops after N validations without a better --best-metric (here the
+    greedy BLEU of a model that barely moves, so it never improves after the first), and
+    --max-epochs after that many passes over the data."""
+    sets = [a for s in TINY for a in ("--set", s)]
+    common = ["--data", data_dir, "--vocab-size", "300", "--max-tokens", "200", *sets]
+    result = _train_py(*common, "--out", str(tmp_path / "p"), "--max-steps", "50",
+                       "--lr-schedule", "inverse_sqrt", "--lr", "1e-12", "--warmup", "1",
+                       "--valid-interval", "1", "--save-interval", "1", "--patience", "2",
+                       "--best-metric", "bleu")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["stopped"] == "patience" and summary["steps"] == 3, summary
+    best = checkpoint.load(tmp_path / "p" / checkpoint.BEST)
+    assert best.step == 1 and "dev_bleu" in best.meta["metrics"]
+
+    t = trainer.Trainer(_config(data_dir, tmp_path / "e", max_epochs=1, max_steps=10_000),
+                        log_stream=open(os.devnull, "w"))
+    summary = t.train()
+    assert summary["stopped"] == "max_epochs" and summary["steps"] == len(t.batches)

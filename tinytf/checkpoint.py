@@ -296,43 +296,51 @@ def average(paths) -> Checkpoint:
 
 class CheckpointManager:
     """Writes ``checkpoint_<step>.npz`` into a run directory and keeps the last ``keep_last``
-    numbered files, plus ``checkpoint_last.npz`` (newest) and ``checkpoint_best.npz`` (lowest
-    ``meta["metrics"]["dev_loss"]`` seen so far, remembered across restarts through the best
-    file's own metadata)."""
+    numbered files, plus ``checkpoint_last.npz`` (newest) and ``checkpoint_best.npz`` (the
+    best ``meta["metrics"][metric]`` seen so far: the lowest, or the highest with
+    ``higher_is_better``; remembered across restarts through the best file's own metadata)."""
 
-    def __init__(self, run_dir, keep_last: int = 5):
+    def __init__(self, run_dir, keep_last: int = 5, metric: str = "dev_loss",
+                 higher_is_better: bool = False):
         self.run_dir = os.fspath(run_dir)
         self.keep_last = keep_last
+        self.metric, self.higher_is_better = metric, higher_is_better
         os.makedirs(self.run_dir, exist_ok=True)
         for name in os.listdir(self.run_dir):
             if name.startswith(".checkpoint_") and name.endswith(".tmp"):
                 os.unlink(os.path.join(self.run_dir, name))  # left by a killed writer
-        self.best_loss = None
+        self.best = None
         best = os.path.join(self.run_dir, BEST)
         if os.path.isfile(best):
             try:
-                self.best_loss = load(best, with_optim=False).meta.get("metrics", {}).get(
-                    "dev_loss")
+                self.best = load(best, with_optim=False).meta.get("metrics", {}).get(metric)
             except CheckpointError:
-                self.best_loss = None  # a damaged best file is replaced at the next validation
+                self.best = None  # a damaged best file is replaced at the next validation
 
     def path(self, name) -> str:
         """Path of ``name`` inside the run directory."""
         return os.path.join(self.run_dir, name)
 
-    def save(self, step, model_state, optim_state, meta, dev_loss=None) -> str:
-        """Write the step's checkpoint, refresh last (and best when ``dev_loss`` improves),
-        prune old numbered files; returns the numbered path."""
+    def improves(self, score) -> bool:
+        """Whether ``score`` (of the manager's metric) beats the best so far."""
+        if score is None or not np.isfinite(score):
+            return False
+        if self.best is None:
+            return True
+        return score > self.best if self.higher_is_better else score < self.best
+
+    def save(self, step, model_state, optim_state, meta, score=None) -> str:
+        """Write the step's checkpoint, refresh last (and best when ``score``, the value of
+        the metric, improves), prune old numbered files; returns the numbered path."""
         meta = dict(meta)
         meta["step"] = int(step)
-        if dev_loss is not None:
-            meta.setdefault("metrics", {})["dev_loss"] = float(dev_loss)
+        if score is not None:
+            meta.setdefault("metrics", {})[self.metric] = float(score)
         numbered = self.path(f"checkpoint_{int(step)}.npz")
         save(numbered, model_state, optim_state=optim_state, meta=meta)
         self._copy(numbered, LAST)
-        if dev_loss is not None and np.isfinite(dev_loss) and (
-                self.best_loss is None or dev_loss < self.best_loss):
-            self.best_loss = float(dev_loss)
+        if self.improves(score):
+            self.best = float(score)
             self._copy(numbered, BEST)
         self._prune()
         return numbered

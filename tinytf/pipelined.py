@@ -54,6 +54,7 @@ class PipelinedTrainer(Trainer):
                     checked_step = self.step
                     if self._interval_work(progress):
                         saved_step = self.step
+                        continue        # a validation may stop the run (--patience)
                 loss_sum, tokens = self.forward_backward(
                     [next(stream) for _ in range(cfg.update_freq)])
                 if in_flight is not None:   # read update k while update k + 1 computes

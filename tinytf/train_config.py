@@ -67,6 +67,9 @@ class TrainConfig:
     test_beam: int = 4                # beam size of the final test decoding (1: greedy only)
     valid_samples: int = 3            # sample translations logged at every validation
     max_bad_steps: int = 5            # stop after this many non-finite steps in a row
+    max_epochs: int | None = None     # stop after this many passes over the training data
+    patience: int = 0                 # stop after N validations without a better best_metric
+    best_metric: str = "loss"         # checkpoint_best.npz and patience: dev "loss" or "bleu"
 
     PRESET_DEFAULTS = {
         # Measured on 2 CPU cores and the shipped corpus (docs/training.md, "The tiny
@@ -180,8 +183,10 @@ class TrainConfig:
         for key in ("lr_factor", "lr"):
             if getattr(self, key) is not None and not getattr(self, key) > 0:
                 raise TrainError(f"{key} must be positive, got {getattr(self, key)}")
-        for key in ("max_steps", "max_minutes", "clip_norm", "keep_last",
-                    "valid_bleu_sentences", "valid_samples", "test_beam"):
+        if self.best_metric not in ("loss", "bleu"):
+            raise TrainError(f"--best-metric {self.best_metric!r}: choose loss or bleu")
+        for key in ("max_steps", "max_minutes", "clip_norm", "keep_last", "max_epochs",
+                    "patience", "valid_bleu_sentences", "valid_samples", "test_beam"):
             if getattr(self, key) is not None and getattr(self, key) < 0:
                 raise TrainError(f"{key} must not be negative, got {getattr(self, key)}")
 

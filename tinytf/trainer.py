@@ -163,14 +163,16 @@ class Trainer:
         self.bad_in_a_row = 0
         self.skipped = 0        # updates skipped (non-finite, fp16 overflow)
         self.launched = 0       # updates launched: applied + skipped (+ one in flight)
-        self.best_dev_loss = None
+        self.best_score = None          # the best dev metric (cfg.best_metric) so far
+        self.since_best = 0             # validations since it last improved (--patience)
         self.schedule = cfg.schedule()
         self._progress = None           # the running loop's clock (train())
         self._progress_at_start = 0.0   # budget fraction spent before this invocation
         if resume is not None:
             self._restore(resume)
-        self.manager = checkpoint.CheckpointManager(self.run_dir, cfg.keep_last) \
-            if self.root else None
+        self.manager = checkpoint.CheckpointManager(
+            self.run_dir, cfg.keep_last, metric=self.metric_key,
+            higher_is_better=cfg.best_metric == "bleu") if self.root else None
         if self.root:
             write_run_config(self.run_dir, cfg, self.comm.size, self.device)
 
@@ -215,7 +217,9 @@ class Trainer:
         self.launched = self.step + self.skipped
         if self.scaler.enabled and ckpt.meta.get("loss_scaler", {}).get("enabled"):
             self.scaler.load_state_dict(ckpt.meta["loss_scaler"])
-        self.best_dev_loss = ckpt.meta.get("best_dev_loss")
+        if ckpt.meta.get("best_metric", "loss") == self.cfg.best_metric:
+            self.best_score = ckpt.meta.get("best_score", ckpt.meta.get("best_dev_loss"))
+            self.since_best = int(ckpt.meta.get("validations_since_best", 0))
         self._progress_at_start = float(ckpt.meta.get("budget_progress", 0.0))
         if self.cfg.lr_schedule == "linear" and self._progress_at_start >= 1.0:
             self.log.info("warning: the linear schedule of this run had already decayed to "
@@ -272,6 +276,7 @@ class Trainer:
                     checked_step = self.step
                     if self._interval_work(progress):
                         saved_step = self.step
+                        continue        # a validation may stop the run (--patience)
                 batches = [next(stream) for _ in range(cfg.update_freq)]
                 self._account(self.train_step(batches), progress)
             saved_step = self._stop_checkpoint(stop, saved_step)
@@ -404,13 +409,23 @@ class Trainer:
         return self._progress
 
     def _stop_reason(self, progress) -> str | None:
-        """"max_steps", "max_minutes" or "signal" when the run must stop, else None."""
-        if self.cfg.max_steps and self.step >= self.cfg.max_steps:
+        """Why the run must stop now ("max_steps", "max_epochs", "signal", "max_minutes",
+        "patience"), else None. Collective: any rank's signal and rank 0's clock and
+        validations decide for everyone, and every rank returns the same reason."""
+        cfg = self.cfg
+        if cfg.max_steps and self.step >= cfg.max_steps:
             return "max_steps"
-        # Collective: rank 0's clock and any rank's signal decide for everyone.
-        if self.comm.any((self.root and progress.elapsed() >= progress.budget)
-                         or self._signalled):
-            return "signal" if self._signalled else "max_minutes"
+        if cfg.max_epochs and self.epochs_done() >= cfg.max_epochs:
+            return "max_epochs"
+        if self.comm.any(self._signalled):
+            return "signal"
+        reason = None
+        if self.root and progress.elapsed() >= progress.budget:
+            reason = "max_minutes"
+        elif self.root and cfg.patience and self.since_best >= cfg.patience:
+            reason = "patience"
+        if self.comm.any(reason is not None):
+            return self.comm.broadcast_object(reason)
         return None
 
     def _on_interval(self, step: int) -> bool:
@@ -492,12 +507,19 @@ class Trainer:
         metrics["samples"] = list(zip(src, ref, hyps))[:self.cfg.valid_samples]
         return metrics
 
+    @property
+    def metric_key(self) -> str:
+        """The validation metric that picks checkpoint_best.npz and drives --patience."""
+        return "dev_bleu" if self.cfg.best_metric == "bleu" else "dev_loss"
+
     def save(self, metrics=None) -> str:
-        """Write checkpoint_<step>.npz (+ last, + best if the dev loss improved)."""
-        dev_loss = (metrics or {}).get("dev_loss")
-        if dev_loss is not None and (self.best_dev_loss is None or dev_loss <
-                                     self.best_dev_loss):
-            self.best_dev_loss = dev_loss
+        """Write checkpoint_<step>.npz (+ last, + best if the chosen dev metric improved)."""
+        score = (metrics or {}).get(self.metric_key)
+        if score is not None:
+            if self.manager.improves(score):
+                self.best_score, self.since_best = score, 0
+            else:
+                self.since_best += 1
         meta = {
             "data_state": self.batches.state_dict(),
             "rng_state": backend.get_rng_state(),
@@ -506,13 +528,20 @@ class Trainer:
             "bpe": {"file": BPE_FILE, "sha256": self.bpe_sha},
             "skipped_steps": self.skipped,
             "loss_scaler": self.scaler.state_dict(),
-            "best_dev_loss": self.best_dev_loss,
+            "best_metric": self.cfg.best_metric,
+            "best_score": self.best_score,
+            "validations_since_best": self.since_best,
             "budget_progress": self.budget_progress(self.step + 1),
             "metrics": {k: v for k, v in (metrics or {}).items() if k != "samples"},
             "world_size": self.comm.size,
         }
         return self.manager.save(self.step, self.model.state_dict(),
-                                 self.optimizer.state_dict(), meta, dev_loss=dev_loss)
+                                 self.optimizer.state_dict(), meta, score=score)
+
+    def epochs_done(self) -> int:
+        """Whole passes over the training data so far."""
+        b = self.batches
+        return b.epoch - 1 + (1 if b.index >= len(b) else 0)
 
     def _stop_checkpoint(self, stop, saved_step):
         """On a signal stop, the checkpoint of the last update, at once (rank 0; every rank

@@ -66,6 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after N updates (counting the whole run)")
     p.add_argument("--max-minutes", type=float, metavar="M",
                    help="stop after M minutes of this invocation")
+    p.add_argument("--max-epochs", type=int, metavar="E",
+                   help="stop after E passes over the training data")
+    p.add_argument("--patience", type=int, default=d.patience, metavar="N",
+                   help="stop when --best-metric has not improved for N validations "
+                        "(default: 0, never)")
+    p.add_argument("--best-metric", choices=["loss", "bleu"], default=d.best_metric,
+                   help="the dev metric that picks checkpoint_best.npz and drives --patience "
+                        f"(default: {d.best_metric})")
+    p.add_argument("--valid-samples", type=int, default=d.valid_samples, metavar="K",
+                   help=f"translations logged at every validation (default: {d.valid_samples})")
     p.add_argument("--lr-schedule", choices=SCHEDULES,
                    help="noam (the paper's: peak = factor * (d_model * warmup)^-0.5), "
                         "inverse_sqrt (fairseq's, peak --lr), linear (warm up to --lr, then "
@@ -132,7 +142,9 @@ def config_from_args(args, given=frozenset()) -> TrainConfig:
         vocab_size=args.vocab_size, seed=args.seed, resume=args.resume, device=args.device,
         precision=args.precision, cuda_graph=args.cuda_graph,
         log_interval=args.log_interval, save_interval=args.save_interval,
-        valid_interval=args.valid_interval, keep_last=args.keep_last, clip_norm=args.clip_norm)
+        valid_interval=args.valid_interval, keep_last=args.keep_last, clip_norm=args.clip_norm,
+        max_epochs=args.max_epochs, patience=args.patience, best_metric=args.best_metric,
+        valid_samples=args.valid_samples)
     if args.resume:
         return resumed_config(cfg, given, args.set).resolved()
     return apply_overrides(cfg, args.set).resolved()
