@@ -53,8 +53,7 @@ class BlockedCrossEntropy(CrossEntropy):
         xp = get_array_module(logits)
         n, v = logits.shape
         eps = float(label_smoothing)
-        valid = None if ignore_index is None else target != ignore_index
-        safe_target = target if valid is None else xp.where(valid, target, 0)
+        safe_target, weights = self.targets(target, ignore_index, logits.dtype)
         rows = xp.arange(n)
         grad = self._buffer_like(logits)
         loss = xp.empty(n, dtype=logits.dtype)
@@ -77,7 +76,6 @@ class BlockedCrossEntropy(CrossEntropy):
             if eps:
                 buf -= eps / v
             buf[r, t] -= 1.0 - eps
-        weights = xp.ones(n, dtype=logits.dtype) if valid is None else valid.astype(logits.dtype)
         loss *= weights
         return self.reduce(loss, grad, weights, reduction)
 

@@ -22,8 +22,7 @@ class CrossEntropy(Function):
         xp = get_array_module(logits)
         n, v = logits.shape
         eps = float(label_smoothing)
-        valid = None if ignore_index is None else target != ignore_index
-        t = target if valid is None else xp.where(valid, target, 0)
+        t, weights = self.targets(target, ignore_index, logits.dtype)
         rows = xp.arange(n)
         z = logits - logits.max(axis=1, keepdims=True)
         logp = z - xp.log(xp.exp(z).sum(axis=1, keepdims=True))
@@ -34,9 +33,18 @@ class CrossEntropy(Function):
         if eps:
             grad -= eps / v
         grad[rows, t] -= 1.0 - eps               # ... - q
-        weights = xp.ones(n, dtype=logits.dtype) if valid is None else valid.astype(logits.dtype)
         loss *= weights
         return self.reduce(loss, grad, weights, reduction)
+
+    @staticmethod
+    def targets(target, ignore_index, dtype):
+        """(targets with ignored rows pointed at class 0, each row's weight: 0 for an
+        ignored row, else 1)."""
+        xp = get_array_module(target)
+        if ignore_index is None:
+            return target, xp.ones(target.shape[0], dtype=dtype)
+        valid = target != ignore_index
+        return xp.where(valid, target, 0), valid.astype(dtype)
 
     def reduce(self, loss, grad, weights, reduction):
         """Keep the per-row gradient and weights for backward; reduce the per-row loss."""
