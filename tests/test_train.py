@@ -530,3 +530,22 @@ def test_patience_and_max_epochs_stop_the_run(data_dir, tmp_path):
                         log_stream=open(os.devnull, "w"))
     summary = t.train()
     assert summary["stopped"] == "max_epochs" and summary["steps"] == len(t.batches)
+
+
+def test_init_from_starts_a_new_run_from_another_runs_weights(data_dir, tmp_path):
+    """--init-from: a new run directory, the source's BPE copied in, its weights loaded
+    (fresh optimizer, step 0); another model shape is a clear error."""
+    _run(_config(data_dir, tmp_path / "a", max_steps=3))
+    source = checkpoint.load(tmp_path / "a" / checkpoint.LAST)
+    t = trainer.Trainer(_config(data_dir, tmp_path / "b", max_steps=2,
+                                init_from=str(tmp_path / "a")),
+                        log_stream=open(os.devnull, "w"))
+    assert t.step == 0 and t.optimizer.step_count == 0
+    for name, value in t.model.state_dict().items():
+        np.testing.assert_array_equal(value, source.model[name])
+    assert (tmp_path / "b" / "bpe.json").read_bytes() == (tmp_path / "a" / "bpe.json").read_bytes()
+    assert t.train()["steps"] == 2
+    cfg = _config(data_dir, tmp_path / "c", max_steps=2, init_from=str(tmp_path / "a"))
+    cfg.model_overrides["d_ff"] = 48
+    with pytest.raises(TrainError, match="--init-from .* the model differs"):
+        trainer.Trainer(cfg, log_stream=open(os.devnull, "w"))

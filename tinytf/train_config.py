@@ -70,6 +70,7 @@ class TrainConfig:
     max_epochs: int | None = None     # stop after this many passes over the training data
     patience: int = 0                 # stop after N validations without a better best_metric
     best_metric: str = "loss"         # checkpoint_best.npz and patience: dev "loss" or "bleu"
+    init_from: str | None = None      # a new run starts from this run's / checkpoint's weights
 
     PRESET_DEFAULTS = {
         # Measured on 2 CPU cores and the shipped corpus (docs/training.md, "The tiny

@@ -52,6 +52,7 @@ from .run_dir import (RunLock, changed_on_resume, check_resumable, data_paths, h
 from .train_config import (BPE_FILE, TrainConfig, TrainError, apply_overrides,  # noqa: F401
                            model_config_for)  # (TrainConfig, apply_overrides: re-exported)
 from .train_log import Logger, format_seconds, log_validation, log_window, write_run_config
+from .translation import TranslationError, bpe_path_of
 from .transformer import Transformer, TransformerConfig, label_smoothed_loss
 
 
@@ -131,12 +132,15 @@ class Trainer:
         train_src, train_tgt = read_parallel(*paths["train"])
         self.dev_lines = read_parallel(*paths["dev"])
         self.test_lines = read_parallel(*paths["test"]) if "test" in paths else None
+        self.init = self._load_init() if cfg.init_from and not cfg.resume else None
         self.bpe, self.bpe_sha = run_bpe(cfg, self.comm, self.log, paths["train"])
         resume = self._checkpoint_to_resume() if cfg.resume else None
         self.model_cfg = self._model_config(resume, resume.path if resume else last)
 
         backend.manual_seed(cfg.seed)
         self.model = Transformer(self.model_cfg)
+        if self.init is not None:
+            self._start_from(self.init)
         if self.device != "cpu":
             self.model.to(self.device)
         self.comm.broadcast_params(self.model)
@@ -175,6 +179,39 @@ class Trainer:
             higher_is_better=cfg.best_metric == "bleu") if self.root else None
         if self.root:
             write_run_config(self.run_dir, cfg, self.comm.size, self.device)
+
+    def _load_init(self):
+        """``--init-from``: the checkpoint a new run starts from (fine-tuning). Its BPE model
+        is copied into the run directory when that has none yet (rank 0)."""
+        try:
+            ckpt = checkpoint.load(checkpoint.resolve(self.cfg.init_from), with_optim=False)
+            source_bpe = bpe_path_of(ckpt, ckpt.path)
+        except (checkpoint.CheckpointError, TranslationError) as e:
+            raise TrainError(f"--init-from: {e}") from None
+        target = os.path.join(self.run_dir, BPE_FILE)
+        if self.root and not os.path.isfile(target):
+            with open(source_bpe, "rb") as f:
+                data = f.read()
+            checkpoint.atomic_write(target, lambda f: f.write(data))
+            self.log.info(f"--init-from {ckpt.path}: copied its BPE model {source_bpe}")
+        self.comm.barrier()
+        return ckpt
+
+    def _start_from(self, ckpt) -> None:
+        """Load ``--init-from``'s weights into the new model: same BPE, same shapes."""
+        saved_sha = (ckpt.meta.get("bpe") or {}).get("sha256")
+        if saved_sha and saved_sha != self.bpe_sha:
+            raise TrainError(f"--init-from {ckpt.path}: trained with another BPE model than "
+                             f"{os.path.join(self.run_dir, BPE_FILE)} (SHA-256 differs)")
+        mine = {k: v.shape for k, v in self.model.state_dict().items()}
+        theirs = {k: tuple(v.shape) for k, v in ckpt.model.items()}
+        if mine != theirs:
+            diff = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+            raise TrainError(f"--init-from {ckpt.path}: the model differs from this run's "
+                             f"--config/--set in {len(diff)} parameters, e.g. " + ", ".join(
+                                 f"{k} {theirs.get(k)} vs {mine.get(k)}" for k in diff[:3]))
+        self.model.load_state_dict(ckpt.model)
+        self.log.info(f"starting from the weights of {ckpt.path} (step {ckpt.step})")
 
     def _checkpoint_to_resume(self):
         """The newest checkpoint of the run that loads whole, saying which and what was

@@ -183,7 +183,7 @@ def pad_sources(sources) -> np.ndarray:
 # ------------------------------------------------------------------------------ loading
 
 
-def _bpe_path(ckpt: checkpoint.Checkpoint, ckpt_path: str) -> str:
+def bpe_path_of(ckpt: checkpoint.Checkpoint, ckpt_path: str) -> str:
     """The BPE file of a checkpoint: its recorded file (absolute, or beside the checkpoint),
     else ``bpe.json`` in the checkpoint's directory."""
     directory = os.path.dirname(os.path.abspath(ckpt_path))
@@ -250,7 +250,7 @@ class Translator:
             config = TransformerConfig.from_dict(ckpt.meta["model_config"])
         except (TypeError, ValueError) as e:
             raise TranslationError(f"{ckpt_path}: bad model_config: {e}") from None
-        bpe_path = _bpe_path(ckpt, ckpt_path)
+        bpe_path = bpe_path_of(ckpt, ckpt_path)
         expected = (ckpt.meta.get("bpe") or {}).get("sha256")
         if expected and checkpoint.sha256_file(bpe_path) != expected:
             raise TranslationError(f"{bpe_path}: not the BPE model {ckpt_path} was trained with "

@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "options (options given here override them); '--resume auto': "
                         "continue if that checkpoint exists, else start a new run (one "
                         "command for the first job and every requeue)")
+    p.add_argument("--init-from", metavar="RUNDIR|CHECKPOINT",
+                   help="start a new run from another run's weights (fine-tuning): the same "
+                        "model shape, and its BPE model (copied into RUNDIR)")
     p.add_argument("--device", choices=["cpu", "gpu"], default=d.device,
                    help=f"NumPy or CuPy (default: {d.device})")
     p.add_argument("--precision", choices=["float32", "tf32", "bf16", "fp16"],
@@ -144,7 +147,7 @@ def config_from_args(args, given=frozenset()) -> TrainConfig:
         log_interval=args.log_interval, save_interval=args.save_interval,
         valid_interval=args.valid_interval, keep_last=args.keep_last, clip_norm=args.clip_norm,
         max_epochs=args.max_epochs, patience=args.patience, best_metric=args.best_metric,
-        valid_samples=args.valid_samples)
+        valid_samples=args.valid_samples, init_from=args.init_from)
     if args.resume:
         return resumed_config(cfg, given, args.set).resolved()
     return apply_overrides(cfg, args.set).resolved()
