@@ -5,7 +5,9 @@ data/ende/train.*, a 2+2-layer model saved as three numbered checkpoints (differ
 ``--average``) with its config and BPE file in the metadata, as train.py writes them.
 """
 
+import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -290,8 +292,9 @@ def test_cli_reference_nbest_average_and_attention(run_dir, test_lines, tmp_path
     assert proc.returncode == 0, proc.stderr.decode()
     rows = [r.split(" ||| ") for r in proc.stdout.decode().strip("\n").split("\n")]
     assert [int(r[0]) for r in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4]
-    scores = [float(r[2]) for r in rows[:3]]
+    scores = [float(r[3]) for r in rows[:3]]
     assert scores == sorted(scores, reverse=True)
+    assert all(r[2].startswith("LogProb=") and " Len=" in r[2] for r in rows)
 
     for bad_args, message in [(("--average", 4), "needs 4 numbered checkpoints"),
                               (("--reference", src.parent / "nope"), "cannot read"),
@@ -329,7 +332,15 @@ def test_cli_output_is_independent_of_the_buffer_size(run_dir, test_lines, tmp_p
                         "--buffer-size", n, *extra) for n in (1, 3, 1000)]
         for proc in outs:
             assert proc.returncode == 0, proc.stderr.decode()
-        assert outs[0].stdout == outs[1].stdout == outs[2].stdout
+        # The same lines and texts; scores to float32 rounding (the batches differ).
+        rows = [[r.split(" ||| ") for r in p.stdout.decode().splitlines()] for p in outs]
+        assert len(rows[0]) == len(rows[1]) == len(rows[2])
+        for a, b, c in zip(*rows):
+            assert a[:2] == b[:2] == c[:2]
+            numbers = [re.findall(r"-?\d+\.\d+", " ".join(r[2:])) for r in (a, b, c)]
+            for x, y, z in zip(*numbers):
+                assert float(x) == pytest.approx(float(y), abs=2e-3) == pytest.approx(
+                    float(z), abs=2e-3)
     assert outs[0].stdout.decode().splitlines()[-1].startswith("9 ||| ")
 
 
@@ -371,3 +382,44 @@ def test_cli_an_unwritable_output_fails_before_decoding(run_dir, tmp_path):
     proc = run_cli("--model", run_dir, "--output", tmp_path / "no" / "such" / "dir.txt",
                    stdin=b"a line\n")
     assert proc.returncode == 2 and "cannot write" in proc.stderr.decode()
+
+
+def test_score_ids_is_the_search_s_own_log_prob(translator, test_lines):
+    """Forced decoding of the beam's hypotheses gives back their log_prob (to float32
+    rounding): the same model, the same probabilities, no search."""
+    sources = translator.encode_lines(test_lines[:6])
+    results = translator.translate_ids(sources, SearchOptions(beam_size=3, nbest=3,
+                                                              max_len_b=5))
+    pairs = [(s, h) for s, nbest in zip(sources, results) for h in nbest]
+    scores = translator.score_ids([s for s, _ in pairs], [list(h.tokens) for _, h in pairs],
+                                  batch_size=4)
+    for (_, h), value in zip(pairs, scores):
+        assert value == pytest.approx(h.log_prob, rel=1e-4, abs=1e-3)
+
+
+def test_cli_score_reference(run_dir, test_lines, tmp_path):
+    """--score-reference: one log-probability per input line, of its reference line; a
+    reference file of another length is an error naming it."""
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("\n".join(test_lines[:4]) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(first_lines(DATA / "test.de", 4)) + "\n", encoding="utf-8")
+    scored = run_cli("--model", run_dir, "--input", src, "--score-reference", ref)
+    assert scored.returncode == 0, scored.stderr.decode()
+    values = [float(x) for x in scored.stdout.decode().split()]
+    assert len(values) == 4 and all(v < 0 for v in values)
+    short = tmp_path / "short.txt"
+    short.write_text("eine Zeile\n", encoding="utf-8")
+    bad = run_cli("--model", run_dir, "--input", src, "--score-reference", short)
+    assert bad.returncode == 2 and "1 lines for 4 input lines" in bad.stderr.decode()
+
+
+def test_cli_bleu_and_chrf_as_json(run_dir, test_lines, tmp_path):
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("\n".join(test_lines[:3]) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(first_lines(DATA / "test.de", 3)) + "\n", encoding="utf-8")
+    proc = run_cli("--model", run_dir, "--input", src, "--output", tmp_path / "o.txt",
+                   "--max-len-b", 3, "--reference", ref, "--bleu-format", "json", "--quiet")
+    assert proc.returncode == 0, proc.stderr.decode()
+    doc = json.loads(proc.stdout.decode())
+    assert {"bleu", "chrf", "bleu_signature", "chrf_signature"} <= set(doc)
+    assert doc["sentences"] == 3 and "chrF2" in doc["chrf_signature"] or "nc:6" in doc["chrf_signature"]

@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from . import amp, backend, checkpoint
+from . import functional as F
 from .bpe import BOS_ID, BPE, EOS_ID, PAD_ID, UNK_ID
 from .search import Hypothesis, beam_search
 from .tensor import Tensor, no_grad
@@ -321,6 +322,28 @@ class Translator:
 
     # -------------------------------------------------------------------------- text level
 
+    def score_ids(self, sources, targets, batch_size: int = 64) -> list[float]:
+        """Forced decoding: log P(target </s> | source) under the model, natural log, per
+        pair (as ``fairseq-generate --score-reference`` and ``marian-scorer``). Equal, to
+        float rounding, to the ``log_prob`` of a :class:`Hypothesis` with those tokens."""
+        scores = []
+        for lo in range(0, len(sources), batch_size):
+            src, tgt = sources[lo:lo + batch_size], targets[lo:lo + batch_size]
+            width = max(len(t) for t in tgt) + 1
+            tgt_in = np.full((len(tgt), width), PAD_ID, dtype=np.int64)
+            tgt_out = np.full((len(tgt), width), PAD_ID, dtype=np.int64)
+            for row, ids in enumerate(tgt):
+                tgt_in[row, :len(ids) + 1] = [BOS_ID, *ids]
+                tgt_out[row, :len(ids) + 1] = [*ids, EOS_ID]
+            with amp.autocast(self.precision), no_grad():
+                logits = self.model(backend.to_device(pad_sources(src), self.device),
+                                    backend.to_device(tgt_in, self.device))
+                logp = backend.to_numpy(F.log_softmax(logits, axis=-1).data)
+            picked = np.take_along_axis(logp, tgt_out[:, :, None], axis=-1)[:, :, 0]
+            picked = np.where(tgt_out != PAD_ID, picked.astype(np.float64), 0.0)
+            scores += [float(x) for x in picked.sum(axis=1)]
+        return scores
+
     def encode_lines(self, lines, name: str = "<input>") -> list[list[int]]:
         """BPE ids of every line (stripped); too long ones are truncated with a warning."""
         sources = []
@@ -369,6 +392,15 @@ def corpus_bleu(hypotheses, references):
     bleu = sacrebleu.metrics.BLEU()
     score = bleu.corpus_score(list(hypotheses), [list(references)])
     return score, str(bleu.get_signature())
+
+
+def corpus_chrf(hypotheses, references):
+    """sacrebleu's corpus chrF (character 6-grams, beta 2) and its signature string."""
+    import sacrebleu  # noqa: PLC0415 (only needed with --reference)
+
+    chrf = sacrebleu.metrics.CHRF()
+    score = chrf.corpus_score(list(hypotheses), [list(references)])
+    return score, str(chrf.get_signature())
 
 
 class Progress:

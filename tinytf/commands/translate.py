@@ -4,16 +4,19 @@
         --reference data/ende/test.de
 
 Writes exactly one output line per input line, in input order (an empty input line gives an
-empty output line). With ``--nbest K > 1`` it writes K lines per input in Moses' n-best format
-``LINE ||| translation ||| score`` (LINE counts from 0). Warnings, progress and errors go to
-stderr; the BLEU line goes to stdout, or to stderr when the translations do. The input is
-read and translated ``--buffer-size`` lines at a time and each block is written at once, so
-the command also serves interactively (a line in, its translation out) and in pipes. The work is done by
-:mod:`tinytf.translation`; docs/decoding.md explains the search.
+empty output line). With ``--nbest K > 1`` it writes K lines per input in Moses' n-best
+format ``LINE ||| translation ||| LogProb=... Len=... ||| score`` (LINE counts from 0).
+Warnings, progress and errors go to stderr; the BLEU and chrF lines go to stdout, or to
+stderr when the translations do. The input is read and translated ``--buffer-size`` lines
+at a time and each block is written at once, so the command also serves interactively (a
+line in, its translation out) and in pipes. ``--score-reference FILE`` scores given
+translations instead of searching. The work is done by :mod:`tinytf.translation`;
+docs/decoding.md explains the search.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -21,8 +24,8 @@ from tinytf import backend
 from tinytf.bpe import BPEFileError
 from tinytf.search import Hypothesis
 from tinytf.translation import (
-    Progress, SearchOptions, TranslationError, Translator, corpus_bleu, read_text_lines,
-    stream_line_blocks)
+    Progress, SearchOptions, TranslationError, Translator, corpus_bleu, corpus_chrf,
+    read_text_lines, stream_line_blocks)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="average the last K checkpoints of the run directory before decoding "
                         "(default: 1, no averaging)")
     p.add_argument("--reference", default=None, metavar="FILE",
-                   help="print sacrebleu's BLEU against these references, with its signature")
+                   help="print sacrebleu's BLEU and chrF against these references, with "
+                        "their signatures")
+    p.add_argument("--bleu-format", choices=("text", "json"), default="text",
+                   help="the scores with --reference: sacrebleu's text lines, or one JSON "
+                        "object (default: text)")
+    p.add_argument("--score-reference", default=None, metavar="FILE",
+                   help="no search: write, for each input line, the model's log-probability "
+                        "(natural log, summed over the tokens and </s>) of the line of FILE "
+                        "as its translation (forced decoding, as fairseq-generate "
+                        "--score-reference and marian-scorer)")
     p.add_argument("--device", choices=("cpu", "gpu"), default=backend.default_device(),
                    help="where to run the model (default: $TINYTF_DEVICE or cpu)")
     p.add_argument("--precision", choices=("float32", "tf32", "bf16", "fp16"),
@@ -121,11 +133,53 @@ def _open_output(path):
 
 def _format(translator, results, nbest: int, first: int) -> list[str]:
     """Output lines: the best translation per input line, or Moses n-best lines
-    ``LINE ||| text ||| score`` (LINE counting from 0, over the whole input)."""
+    ``LINE ||| text ||| LogProb=log P Len=tokens ||| score`` (LINE counting from 0 over the
+    whole input; score is the length-penalised log P the beam ranks by)."""
     if nbest == 1:
         return [translator.detokenize(n[0]) if n else "" for n in results]
-    return [f"{i} ||| {translator.detokenize(h)} ||| {h.score:.4f}"   # an empty line: one entry
+    return [f"{i} ||| {translator.detokenize(h)} ||| LogProb={h.log_prob:.4f} "
+            f"Len={len(h.tokens)} ||| {h.score:.4f}"          # an empty line: one entry
             for i, n in enumerate(results, first) for h in n or [Hypothesis((), 0.0, 0.0)]]
+
+
+def _score_reference(args, translator, out, name) -> int:
+    """--score-reference: one log-probability per input line, of its reference line."""
+    lines = read_text_lines(args.input, args.errors)
+    targets = read_text_lines(args.score_reference, args.errors)
+    if len(targets) != len(lines):
+        raise TranslationError(f"{args.score_reference}: {len(targets)} lines for "
+                               f"{len(lines)} input lines")
+    sources = translator.encode_lines(lines, name)
+    limit = translator.model.config.max_len - 1
+    encoded = []
+    for number, text in enumerate(targets, 1):
+        ids = translator.bpe.encode(text.strip())
+        if len(ids) > limit:
+            raise TranslationError(f"{args.score_reference}: line {number}: {len(ids)} tokens; "
+                                   f"the model scores at most {limit}")
+        encoded.append(ids)
+    scores = translator.score_ids(sources, encoded, args.batch_size or 64)
+    out.write("".join(f"{x:.4f}\n" for x in scores).encode("utf-8"))
+    out.flush()
+    return len(lines)
+
+
+def _print_scores(args, best, references, done) -> None:
+    """BLEU and chrF of the translations against --reference (text lines or one JSON)."""
+    if len(references) != done:
+        raise TranslationError(f"{args.reference}: {len(references)} reference lines for "
+                               f"{done} input lines")
+    bleu, bleu_sig = corpus_bleu(best, references)
+    chrf, chrf_sig = corpus_chrf(best, references)
+    stream = sys.stderr if args.output == "-" else sys.stdout
+    if args.bleu_format == "json":
+        print(json.dumps({"bleu": round(bleu.score, 4), "chrf": round(chrf.score, 4),
+                          "bleu_signature": bleu_sig, "chrf_signature": chrf_sig,
+                          "bleu_detail": bleu.format(signature=bleu_sig),
+                          "sentences": done}, sort_keys=True), file=stream)
+    else:
+        print(bleu.format(signature=bleu_sig), file=stream)
+        print(chrf.format(signature=chrf_sig), file=stream)
 
 
 def _prog() -> str:
@@ -150,6 +204,9 @@ def main(argv=None) -> int:
                                      precision=args.precision)
         options = SearchOptions(beam_size=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
                                 max_len_b=args.max_len_b, nbest=args.nbest)
+        if args.score_reference:
+            _score_reference(args, translator, out, name)
+            return 0
         progress = Progress(every=5.0) if not args.quiet else None
         best, done = [], 0
         # Read a block of lines, translate it (sorted by length inside), write and flush it
@@ -173,12 +230,7 @@ def main(argv=None) -> int:
         if progress is not None:
             print(progress.summary(done), file=sys.stderr)
         if references is not None:
-            if len(references) != done:
-                raise TranslationError(f"{args.reference}: {len(references)} reference lines "
-                                       f"for {done} input lines")
-            score, signature = corpus_bleu(best, references)
-            stream = sys.stderr if args.output == "-" else sys.stdout
-            print(score.format(signature=signature), file=stream)
+            _print_scores(args, best, references, done)
     except BrokenPipeError:
         # The reader went away (| head, | true): end quietly, as a shell tool does.
         devnull = os.open(os.devnull, os.O_WRONLY)
