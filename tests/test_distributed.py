@@ -326,3 +326,28 @@ def test_train_py_error_on_every_rank_exits_non_zero(tmp_path):
                             str(tmp_path / "missing"), "--out", str(tmp_path / "run")],
                            timeout=30)
     assert code != 0 and "no such file" in out, out
+
+
+@requires_mpi
+def test_sigusr1_to_mpirun_stops_every_rank_with_a_checkpoint(train_runs, tmp_path):
+    """Open MPI forwards SIGUSR1 to the ranks: every rank stops after the same update, rank
+    0 writes that update's checkpoint, and the job exits 138 (128 + SIGUSR1)."""
+    argv = [os.path.join(ROOT, "train.py"), "--data", str(train_runs["dir"] / "data"),
+            "--out", str(tmp_path / "run"), *TRAIN_ARGS, "--max-steps", "100000"]
+    env = {k: v for k, v in os.environ.items() if k != "TINYTF_DISTRIBUTED"}
+    proc = subprocess.Popen(distributed.mpirun_command(2, [sys.executable, *argv]), cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("step 3 |"):
+                proc.send_signal(signal.SIGUSR1)
+                break
+        rest, _ = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGUSR1, rest[-3000:]
+    summary = json.loads(next(ln for ln in rest.splitlines() if ln.startswith("{")))
+    assert summary["stopped"] == "signal" and summary["ranks"] == 2
+    assert checkpoint.load(tmp_path / "run" / checkpoint.LAST).step == summary["steps"]
