@@ -436,7 +436,7 @@ def test_linear_schedule_decays_to_the_step_budget_and_resumes_bitwise(data_dir,
     class StopHalfWay(trainer.Trainer):
         def _account(self, result, progress):
             super()._account(result, progress)
-            self._signalled = self._signalled or self.step == n
+            self.signals.requested = self.signals.requested or self.step == n
 
     stopped = StopHalfWay(_config(data_dir, tmp_path / "split", **kw),
                           log_stream=open(os.devnull, "w")).train()

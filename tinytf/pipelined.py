@@ -42,7 +42,7 @@ class PipelinedTrainer(Trainer):
         saved_step = self.step if cfg.resume else None
         checked_step = self.step        # the step count whose interval work is done
         in_flight = None                # the update launched last, outcome not read yet
-        with self._stop_on_signals():
+        with self.signals.catching():
             while True:
                 if in_flight is not None and self._decides(self.step + 1):
                     self._account(self.settle(in_flight), progress)

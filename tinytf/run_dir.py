@@ -10,6 +10,7 @@ import time
 from . import checkpoint
 from .bpe import BPE
 from .train_config import BPE_FILE, TrainConfig, TrainError, apply_overrides
+from .translation import TranslationError, bpe_path_of
 
 
 def data_paths(cfg) -> dict:
@@ -173,3 +174,51 @@ def newest_checkpoint(run_dir: str, with_optim: bool = True):
         if found is None or ckpt.step > found.step:
             found = ckpt
     return found, problems
+
+
+def checkpoint_to_resume(run_dir: str, log):
+    """The newest checkpoint of the run that loads whole (:func:`newest_checkpoint`), saying
+    which in the log, and what was wrong with any newer one."""
+    ckpt, problems = newest_checkpoint(run_dir)
+    for problem in problems:
+        log.info(f"warning: {problem}; skipped")
+    if ckpt is None:
+        raise TrainError(f"--resume: no checkpoint in {run_dir} can be resumed"
+                         + (f" ({problems[0]})" if problems else ""))
+    log.info(f"resuming from {ckpt.path} (step {ckpt.step})")
+    return ckpt
+
+
+def init_checkpoint(cfg, comm, log):
+    """``--init-from``: the checkpoint a new run starts from (fine-tuning). Its BPE model
+    is copied into the run directory when that has none yet (rank 0; the others wait)."""
+    try:
+        ckpt = checkpoint.load(checkpoint.resolve(cfg.init_from), with_optim=False)
+        source_bpe = bpe_path_of(ckpt, ckpt.path)
+    except (checkpoint.CheckpointError, TranslationError) as e:
+        raise TrainError(f"--init-from: {e}") from None
+    target = os.path.join(cfg.out, BPE_FILE)
+    if comm.is_root and not os.path.isfile(target):
+        with open(source_bpe, "rb") as f:
+            data = f.read()
+        checkpoint.atomic_write(target, lambda f: f.write(data))
+        log.info(f"--init-from {ckpt.path}: copied its BPE model {source_bpe}")
+    comm.barrier()
+    return ckpt
+
+
+def load_init_weights(model, ckpt, bpe_sha: str, run_dir: str, log) -> None:
+    """Load ``--init-from``'s weights into a new run's ``model``: same BPE, same shapes."""
+    saved_sha = (ckpt.meta.get("bpe") or {}).get("sha256")
+    if saved_sha and saved_sha != bpe_sha:
+        raise TrainError(f"--init-from {ckpt.path}: trained with another BPE model than "
+                         f"{os.path.join(run_dir, BPE_FILE)} (SHA-256 differs)")
+    mine = {k: v.shape for k, v in model.state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in ckpt.model.items()}
+    if mine != theirs:
+        diff = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        raise TrainError(f"--init-from {ckpt.path}: the model differs from this run's "
+                         f"--config/--set in {len(diff)} parameters, e.g. " + ", ".join(
+                             f"{k} {theirs.get(k)} vs {mine.get(k)}" for k in diff[:3]))
+    model.load_state_dict(ckpt.model)
+    log.info(f"starting from the weights of {ckpt.path} (step {ckpt.step})")

@@ -115,3 +115,28 @@ def write_run_config(run_dir: str, cfg, ranks: int, device: str) -> str:
     checkpoint.atomic_write(path, lambda f: f.write(
         (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")))
     return path
+
+
+def log_run_start(log: Logger, cfg, mc, data, step: int, *, parameters: int, ranks: int,
+                  device: str, precision: str, dev_pairs: int, batches: int,
+                  schedule) -> None:
+    """The first lines of a run: the model (``mc``, its config), processes, device and
+    precision; the training ``data`` (a ParallelCorpus) and batches; the schedule and the
+    budget, and a warning when the peak is far from the preset's."""
+    graphs = ", CUDA graphs (one per padded batch shape)" if cfg.cuda_graph else ""
+    log.info(f"{'resuming at step ' + str(step) if step else 'training'} {cfg.config} "
+             f"(d_model {mc.d_model}, {mc.n_encoder_layers}+{mc.n_decoder_layers} layers, "
+             f"{parameters:,} parameters) on {ranks} process{'es' if ranks > 1 else ''}, "
+             f"device {device}, precision {precision}{graphs}")
+    log.info(f"data: {len(data):,} training pairs ({data.n_skipped_long} longer than "
+             f"{cfg.train_max_len} tokens and {data.n_skipped_empty} with an empty side "
+             f"skipped), {dev_pairs:,} dev pairs; {batches} batches of <= {cfg.max_tokens} "
+             f"tokens per epoch, update_freq {cfg.update_freq}")
+    limits = [f"{cfg.max_steps} steps" if cfg.max_steps else "",
+              f"{cfg.max_minutes:g} minutes" if cfg.max_minutes else "",
+              f"{cfg.max_epochs} epochs" if cfg.max_epochs else ""]
+    log.info(f"schedule: {schedule.describe()}; stop after "
+             f"{' or '.join(x for x in limits if x)}")
+    warning = cfg.schedule_warning()
+    if warning:
+        log.info(warning)

@@ -33,11 +33,9 @@ taken collectively so that no rank waits for ever in a collective that the other
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
-import signal
 import time
 
 import numpy as np
@@ -47,12 +45,13 @@ from .data import BatchIterator, ParallelCorpus, read_parallel
 from .evaluate import bleu, evaluate_loss, greedy_translate, test_scores
 from .optim import clip_grad_norm_array, grad_norm_array
 from .plot import write_training_plot
-from .run_dir import (RunLock, changed_on_resume, check_resumable, data_paths, has_checkpoint,
-                      newest_checkpoint, run_bpe)
+from .run_dir import (RunLock, changed_on_resume, check_resumable, checkpoint_to_resume,
+                      data_paths, has_checkpoint, init_checkpoint, load_init_weights, run_bpe)
+from .stop_signals import StopSignals
 from .train_config import (BPE_FILE, TrainConfig, TrainError, apply_overrides,  # noqa: F401
                            model_config_for)  # (TrainConfig, apply_overrides: re-exported)
-from .train_log import Logger, format_seconds, log_validation, log_window, write_run_config
-from .translation import TranslationError, bpe_path_of
+from .train_log import (Logger, format_seconds, log_run_start, log_validation, log_window,
+                        write_run_config)
 from .transformer import Transformer, TransformerConfig, label_smoothed_loss
 
 
@@ -126,21 +125,23 @@ class Trainer:
             self.lock = RunLock(self.run_dir)     # one training per run directory
         self.comm.barrier()
         self.log = Logger(self.run_dir, enabled=self.root, stream=log_stream)
+        self.signals = StopSignals(self.log)
 
         # Data: read and check the text first, so a bad file is reported by name and line
         # before minutes go into learning a BPE model from it.
         train_src, train_tgt = read_parallel(*paths["train"])
         self.dev_lines = read_parallel(*paths["dev"])
         self.test_lines = read_parallel(*paths["test"]) if "test" in paths else None
-        self.init = self._load_init() if cfg.init_from and not cfg.resume else None
+        self.init = (init_checkpoint(cfg, self.comm, self.log)
+                     if cfg.init_from and not cfg.resume else None)
         self.bpe, self.bpe_sha = run_bpe(cfg, self.comm, self.log, paths["train"])
-        resume = self._checkpoint_to_resume() if cfg.resume else None
+        resume = checkpoint_to_resume(self.run_dir, self.log) if cfg.resume else None
         self.model_cfg = self._model_config(resume, resume.path if resume else last)
 
         backend.manual_seed(cfg.seed)
         self.model = Transformer(self.model_cfg)
         if self.init is not None:
-            self._start_from(self.init)
+            load_init_weights(self.model, self.init, self.bpe_sha, self.run_dir, self.log)
         if self.device != "cpu":
             self.model.to(self.device)
         self.comm.broadcast_params(self.model)
@@ -179,51 +180,6 @@ class Trainer:
             higher_is_better=cfg.best_metric == "bleu") if self.root else None
         if self.root:
             write_run_config(self.run_dir, cfg, self.comm.size, self.device)
-
-    def _load_init(self):
-        """``--init-from``: the checkpoint a new run starts from (fine-tuning). Its BPE model
-        is copied into the run directory when that has none yet (rank 0)."""
-        try:
-            ckpt = checkpoint.load(checkpoint.resolve(self.cfg.init_from), with_optim=False)
-            source_bpe = bpe_path_of(ckpt, ckpt.path)
-        except (checkpoint.CheckpointError, TranslationError) as e:
-            raise TrainError(f"--init-from: {e}") from None
-        target = os.path.join(self.run_dir, BPE_FILE)
-        if self.root and not os.path.isfile(target):
-            with open(source_bpe, "rb") as f:
-                data = f.read()
-            checkpoint.atomic_write(target, lambda f: f.write(data))
-            self.log.info(f"--init-from {ckpt.path}: copied its BPE model {source_bpe}")
-        self.comm.barrier()
-        return ckpt
-
-    def _start_from(self, ckpt) -> None:
-        """Load ``--init-from``'s weights into the new model: same BPE, same shapes."""
-        saved_sha = (ckpt.meta.get("bpe") or {}).get("sha256")
-        if saved_sha and saved_sha != self.bpe_sha:
-            raise TrainError(f"--init-from {ckpt.path}: trained with another BPE model than "
-                             f"{os.path.join(self.run_dir, BPE_FILE)} (SHA-256 differs)")
-        mine = {k: v.shape for k, v in self.model.state_dict().items()}
-        theirs = {k: tuple(v.shape) for k, v in ckpt.model.items()}
-        if mine != theirs:
-            diff = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
-            raise TrainError(f"--init-from {ckpt.path}: the model differs from this run's "
-                             f"--config/--set in {len(diff)} parameters, e.g. " + ", ".join(
-                                 f"{k} {theirs.get(k)} vs {mine.get(k)}" for k in diff[:3]))
-        self.model.load_state_dict(ckpt.model)
-        self.log.info(f"starting from the weights of {ckpt.path} (step {ckpt.step})")
-
-    def _checkpoint_to_resume(self):
-        """The newest checkpoint of the run that loads whole, saying which and what was
-        wrong with any newer one."""
-        ckpt, problems = newest_checkpoint(self.run_dir)
-        for problem in problems:
-            self.log.info(f"warning: {problem}; skipped")
-        if ckpt is None:
-            raise TrainError(f"--resume: no checkpoint in {self.run_dir} can be resumed"
-                             + (f" ({problems[0]})" if problems else ""))
-        self.log.info(f"resuming from {ckpt.path} (step {ckpt.step})")
-        return ckpt
 
     def _model_config(self, resume, last) -> TransformerConfig:
         """The model's config: the checkpoint's when resuming (the flags must agree)."""
@@ -267,26 +223,11 @@ class Trainer:
 
     def describe(self) -> None:
         """The run's first log lines: model, processes, data, schedule and budget."""
-        cfg, data, mc = self.cfg, self.train_data, self.model_cfg
-        graphs = ", CUDA graphs (one per padded batch shape)" if cfg.cuda_graph else ""
-        self.log.info(
-            f"{'resuming at step ' + str(self.step) if self.step else 'training'} "
-            f"{cfg.config} (d_model {mc.d_model}, {mc.n_encoder_layers}+{mc.n_decoder_layers} "
-            f"layers, {self.model.num_parameters():,} parameters) on {self.comm.size} "
-            f"process{'es' if self.comm.size > 1 else ''}, device {self.device}, "
-            f"precision {self.policy.name}{graphs}")
-        self.log.info(
-            f"data: {len(data):,} training pairs ({data.n_skipped_long} longer than "
-            f"{cfg.train_max_len} tokens and {data.n_skipped_empty} with an empty side "
-            f"skipped), {len(self.dev_data):,} dev pairs; {self.batches.n_batches} batches of "
-            f"<= {cfg.max_tokens} tokens per epoch, update_freq {cfg.update_freq}")
-        limits = [f"{cfg.max_steps} steps" if cfg.max_steps else "",
-                  f"{cfg.max_minutes:g} minutes" if cfg.max_minutes else ""]
-        self.log.info(f"schedule: {self.schedule.describe()}; stop after "
-                      f"{' or '.join(x for x in limits if x)}")
-        warning = cfg.schedule_warning()
-        if warning:
-            self.log.info(warning)
+        log_run_start(self.log, self.cfg, self.model_cfg, self.train_data, self.step,
+                      parameters=self.model.num_parameters(), ranks=self.comm.size,
+                      device=self.device, precision=self.policy.name,
+                      dev_pairs=len(self.dev_data), batches=self.batches.n_batches,
+                      schedule=self.schedule)
 
     # ---- the loop (section 5) ----------------------------------------------------------
 
@@ -307,7 +248,7 @@ class Trainer:
         stream = _forever(self.batches)
         saved_step = self.step if cfg.resume else None
         checked_step = self.step        # the step count whose interval work is done
-        with self._stop_on_signals():
+        with self.signals.catching():
             while (stop := self._stop_reason(progress)) is None:
                 if self.step != checked_step:
                     checked_step = self.step
@@ -454,7 +395,7 @@ class Trainer:
             return "max_steps"
         if cfg.max_epochs and self.epochs_done() >= cfg.max_epochs:
             return "max_epochs"
-        if self.comm.any(self._signalled):
+        if self.comm.any(self.signals.requested):
             return "signal"
         reason = None
         if self.root and progress.elapsed() >= progress.budget:
@@ -609,7 +550,7 @@ class Trainer:
                    "precision": self.policy.name,
                    "parameters": self.model.num_parameters(), "run_dir": self.run_dir}
         if stop == "signal":
-            summary["signal"] = self._signal_number
+            summary["signal"] = self.signals.number
             summary["checkpoint"] = os.path.join(self.run_dir, f"checkpoint_{self.step}.npz")
         elif self.root:
             summary.update(self._finish(saved_step))
@@ -651,39 +592,3 @@ class Trainer:
             self.log.info(f"warning: could not write the plot: {e}")
             return None
         return path
-
-    # ---- signals: stop at an update boundary, never mid-update -------------------------
-
-    _signalled = False
-    _signal_number = None
-
-    STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1")
-                         if hasattr(signal, name))
-    """Signals that stop the run after the update in progress, with a checkpoint. SIGUSR1
-    is the one Open MPI's ``mpirun`` forwards to the ranks (docs/training.md)."""
-
-    @contextlib.contextmanager
-    def _stop_on_signals(self):
-        """While the loop and its stop checkpoint run, a stop signal asks the loop to stop
-        after the current update; further ones are noted and change nothing, so that the
-        checkpoint is written whole before the process exits."""
-        import threading  # noqa: PLC0415
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        self._signalled, self._signal_number = False, None
-
-        def handler(signum, frame):
-            if self._signalled:
-                self.log.info(f"received signal {signum} again: already stopping, the "
-                              "checkpoint comes first")
-                return
-            self._signalled, self._signal_number = True, signum
-            self.log.info(f"received signal {signum}: stopping after this update with a "
-                          "checkpoint")
-        previous = {sig: signal.signal(sig, handler) for sig in self.STOP_SIGNALS}
-        try:
-            yield
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)

@@ -1,0 +1,47 @@
+"""Stop signals: SIGINT, SIGTERM and SIGUSR1 ask a training run to stop after the update in
+progress, with a checkpoint first (docs/training.md, "Stopping, preemption, requeueing")."""
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1")
+                     if hasattr(signal, name))
+"""The signals that stop a run. SIGUSR1 is the one Open MPI's ``mpirun`` forwards to its
+ranks (it handles SIGTERM itself)."""
+
+
+class StopSignals:
+    """Records the first stop signal while :meth:`catching`; ``requested`` and ``number``
+    say whether one came and which. Further signals are noted and change nothing, so that
+    the checkpoint that follows is written whole before the process exits."""
+
+    def __init__(self, log):
+        self.log = log
+        self.requested = False
+        self.number = None
+
+    def _handler(self, signum, frame):
+        if self.requested:
+            self.log.info(f"received signal {signum} again: already stopping, the checkpoint "
+                          "comes first")
+            return
+        self.requested, self.number = True, signum
+        self.log.info(f"received signal {signum}: stopping after this update with a "
+                      "checkpoint")
+
+    @contextlib.contextmanager
+    def catching(self):
+        """Handle the stop signals inside the block (main thread only), then restore the
+        previous handlers."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        self.requested, self.number = False, None
+        previous = {sig: signal.signal(sig, self._handler) for sig in STOP_SIGNALS}
+        try:
+            yield self
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
