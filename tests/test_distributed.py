@@ -351,3 +351,26 @@ def test_sigusr1_to_mpirun_stops_every_rank_with_a_checkpoint(train_runs, tmp_pa
     summary = json.loads(next(ln for ln in rest.splitlines() if ln.startswith("{")))
     assert summary["stopped"] == "signal" and summary["ranks"] == 2
     assert checkpoint.load(tmp_path / "run" / checkpoint.LAST).step == summary["steps"]
+
+
+@requires_mpi
+def test_ranks_given_different_corpora_stop_at_once(train_runs, tmp_path):
+    """Rank 1 reads another training corpus than rank 0 (MPMD: each rank its own --data):
+    the job stops before training with a message naming the rank and the files."""
+    other = tmp_path / "other"
+    shutil.copytree(train_runs["dir"] / "data", other)
+    with open(other / "train.de", "a", encoding="utf-8") as f:
+        f.write("Ein Satz mehr.\n")
+    with open(other / "train.en", "a", encoding="utf-8") as f:
+        f.write("One more sentence.\n")
+    base = [os.path.join(ROOT, "train.py"), "--out", str(tmp_path / "run"), *TRAIN_ARGS,
+            "--max-steps", "3"]
+    first = distributed.mpirun_command(1, [sys.executable, *base, "--data",
+                                           str(train_runs["dir"] / "data")])
+    cmd = first + [":", "-n", "1", sys.executable, *base, "--data", str(other)]
+    env = {k: v for k, v in os.environ.items() if k != "TINYTF_DISTRIBUTED"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "rank 1: the training corpus" in out, out[-3000:]
+    assert "step 1 |" not in out

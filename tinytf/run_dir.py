@@ -4,6 +4,7 @@ to be resumed."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import time
 
@@ -222,3 +223,29 @@ def load_init_weights(model, ckpt, bpe_sha: str, run_dir: str, log) -> None:
                              f"{k} {theirs.get(k)} vs {mine.get(k)}" for k in diff[:3]))
     model.load_state_dict(ckpt.model)
     log.info(f"starting from the weights of {ckpt.path} (step {ckpt.step})")
+
+
+def corpus_fingerprint(paths, pairs: int) -> list:
+    """What identifies a training corpus cheaply: each file's size and the SHA-256 of its
+    first and last MiB, and the number of pairs kept. Ranks compare it at the start."""
+    out = [pairs]
+    for path in paths:
+        size = os.path.getsize(path)
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            digest.update(f.read(1 << 20))
+            if size > 1 << 20:
+                f.seek(max(size - (1 << 20), 1 << 20))
+                digest.update(f.read())
+        out += [size, digest.hexdigest()]
+    return out
+
+
+def check_same_corpus(comm, paths, pairs: int) -> None:
+    """A :class:`TrainError` on any rank whose training corpus is not rank 0's (which
+    would train silently on different data): the job stops with the rank and the files."""
+    mine = corpus_fingerprint(paths, pairs)
+    if comm.broadcast_object(mine) != mine:
+        raise TrainError(f"rank {comm.rank}: the training corpus {paths[0]} / {paths[1]} "
+                         f"differs from rank 0's (sizes, pair counts or contents); every rank "
+                         "must read the same --data")

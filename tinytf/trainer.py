@@ -45,8 +45,9 @@ from .data import BatchIterator, ParallelCorpus, read_parallel
 from .evaluate import bleu, evaluate_loss, greedy_translate, test_scores
 from .optim import clip_grad_norm_array, grad_norm_array
 from .plot import write_training_plot
-from .run_dir import (RunLock, changed_on_resume, check_resumable, checkpoint_to_resume,
-                      data_paths, has_checkpoint, init_checkpoint, load_init_weights, run_bpe)
+from .run_dir import (RunLock, changed_on_resume, check_resumable, check_same_corpus,
+                      checkpoint_to_resume, data_paths, has_checkpoint, init_checkpoint,
+                      load_init_weights, run_bpe)
 from .stop_signals import StopSignals
 from .train_config import (BPE_FILE, TrainConfig, TrainError, apply_overrides,  # noqa: F401
                            model_config_for)  # (TrainConfig, apply_overrides: re-exported)
@@ -154,6 +155,8 @@ class Trainer:
 
         self.train_data = ParallelCorpus(train_src, train_tgt, self.bpe, cfg.train_max_len,
                                          name=f"{paths['train'][0]} / {paths['train'][1]}")
+        if self.comm.size > 1:
+            check_same_corpus(self.comm, paths["train"], len(self.train_data))
         # Dev pairs longer than a batch cannot be scored for loss (BLEU still sees them).
         self.dev_data = ParallelCorpus(*self.dev_lines, self.bpe,
                                        min(self.model_cfg.max_len, cfg.max_tokens),
