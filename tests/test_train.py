@@ -1,7 +1,9 @@
 """train.py and tinytf.trainer: exact resume, CLI smoke run, clear errors, non-finite steps."""
+import dataclasses
 import importlib.util
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -549,3 +551,29 @@ def test_init_from_starts_a_new_run_from_another_runs_weights(data_dir, tmp_path
     cfg.model_overrides["d_ff"] = 48
     with pytest.raises(TrainError, match="--init-from .* the model differs"):
         trainer.Trainer(cfg, log_stream=open(os.devnull, "w"))
+
+
+def test_a_failed_start_leaves_no_bpe_and_a_stale_bpe_is_refused(data_dir, tmp_path):
+    """A corpus that yields no training pair (CR-only line ends: one huge line per side)
+    fails the start, and the BPE model learnt from it is removed again; a bpe.json learnt
+    for another --vocab-size is refused for a new run instead of silently reused."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in os.listdir(data_dir):
+        text = (pathlib.Path(data_dir) / name).read_text(encoding="utf-8")
+        (bad / name).write_text(text.replace("\n", "\r") if name.startswith("train") else text,
+                                encoding="utf-8")
+    with pytest.raises(TrainError):
+        trainer.Trainer(_config(str(bad), tmp_path / "r1", max_steps=2),
+                        log_stream=open(os.devnull, "w"))
+    assert not (tmp_path / "r1" / "bpe.json").exists()
+
+    t = trainer.Trainer(_config(data_dir, tmp_path / "r2", max_steps=1),
+                        log_stream=open(os.devnull, "w"))
+    t.close()
+    for name in os.listdir(tmp_path / "r2"):            # keep the BPE and config.json only
+        if name.endswith(".npz"):
+            os.unlink(tmp_path / "r2" / name)
+    with pytest.raises(TrainError, match="learnt for --vocab-size 300, this run asks for 280"):
+        trainer.Trainer(dataclasses.replace(_config(data_dir, tmp_path / "r2", max_steps=1),
+                                            vocab_size=280), log_stream=open(os.devnull, "w"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import time
 
@@ -32,11 +33,18 @@ def data_paths(cfg) -> dict:
 
 
 def run_bpe(cfg, comm, log, train_pair):
-    """(BPE, its file's SHA-256): RUNDIR/bpe.json, learnt from both training sides first if
-    absent (by rank 0; the others wait)."""
+    """(BPE, its file's SHA-256, whether it was learnt now): RUNDIR/bpe.json, learnt from
+    both training sides first if absent (by rank 0; the others wait). A new run that finds
+    one learnt for another ``--vocab-size`` (by RUNDIR/config.json) is refused."""
     path = os.path.join(cfg.out, BPE_FILE)
+    if not cfg.resume and comm.is_root and os.path.isfile(path):
+        earlier = _earlier_vocab_size(cfg.out)
+        if earlier is not None and earlier != cfg.vocab_size:
+            raise TrainError(f"{path} was learnt for --vocab-size {earlier}, this run asks "
+                             f"for {cfg.vocab_size}: remove it, or choose another --out")
     # Rank 0 decides: another rank looking later could already see the file rank 0 is
     # about to write, skip the barrier below and leave rank 0 waiting there for ever.
+    learnt = False
     if not comm.broadcast_object(os.path.isfile(path) if comm.is_root else None):
         if cfg.resume:
             raise TrainError(f"--resume: {path} is missing (the run's BPE model)")
@@ -51,7 +59,17 @@ def run_bpe(cfg, comm, log, train_pair):
             model.save(path)  # atomic (temporary file + rename)
             log.info(f"wrote {path} ({len(model)} pieces, {time.perf_counter() - t0:.1f}s)")
         comm.barrier()
-    return BPE.load(path), checkpoint.sha256_file(path)
+        learnt = True
+    return BPE.load(path), checkpoint.sha256_file(path), learnt
+
+
+def _earlier_vocab_size(run_dir: str):
+    """The --vocab-size of the run that last started in ``run_dir`` (its config.json)."""
+    try:
+        with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
+            return json.load(f)["options"]["vocab_size"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def check_resumable(ckpt, bpe_sha: str, run_dir: str) -> None:

@@ -135,8 +135,18 @@ class Trainer:
         self.test_lines = read_parallel(*paths["test"]) if "test" in paths else None
         self.init = (init_checkpoint(cfg, self.comm, self.log)
                      if cfg.init_from and not cfg.resume else None)
-        self.bpe, self.bpe_sha = run_bpe(cfg, self.comm, self.log, paths["train"])
+        self.bpe, self.bpe_sha, learnt = run_bpe(cfg, self.comm, self.log, paths["train"])
+        try:
+            self._build(cfg, train_src, train_tgt, paths)
+        except BaseException:
+            if learnt and self.root:     # a run that fails to start leaves no BPE behind
+                os.unlink(os.path.join(self.run_dir, BPE_FILE))
+            raise
+
+    def _build(self, cfg, train_src, train_tgt, paths) -> None:
+        """The rest of the set-up, after the BPE: model, optimizer, data, resume state."""
         resume = checkpoint_to_resume(self.run_dir, self.log) if cfg.resume else None
+        last = os.path.join(self.run_dir, checkpoint.LAST)
         self.model_cfg = self._model_config(resume, resume.path if resume else last)
 
         backend.manual_seed(cfg.seed)
