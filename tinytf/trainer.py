@@ -127,7 +127,14 @@ class Trainer:
         self.comm.barrier()
         self.log = Logger(self.run_dir, enabled=self.root, stream=log_stream)
         self.signals = StopSignals(self.log)
+        try:
+            self._start(cfg, paths)
+        except BaseException:
+            self.close()                 # a run that fails to start leaves the directory
+            raise
 
+    def _start(self, cfg, paths) -> None:
+        """Read the data, get the BPE, build the rest; a failure removes a BPE learnt now."""
         # Data: read and check the text first, so a bad file is reported by name and line
         # before minutes go into learning a BPE model from it.
         train_src, train_tgt = read_parallel(*paths["train"])
