@@ -16,6 +16,7 @@ from tinytf import checkpoint
 
 
 def main(argv=None) -> int:
+    """Run the command line; returns the exit status (0 done, 2 a checkpoint error)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--inputs", nargs="+", required=True,
                    help="a run directory (its numbered checkpoints) or checkpoint files")

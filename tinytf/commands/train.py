@@ -159,6 +159,8 @@ def _prog() -> str:
 
 
 def main(argv=None) -> int:
+    """Run the command line; returns the exit status (0 done, 2 usage or data error,
+    128 + N stopped by signal N with its checkpoint)."""
     args = build_parser().parse_args(argv)
     given = given_options(sys.argv[1:] if argv is None else argv)
     if args.device == "gpu":  # read by tinytf.backend and by distributed.init (GPU choice)
