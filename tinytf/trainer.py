@@ -153,8 +153,7 @@ class Trainer:
     def _build(self, cfg, train_src, train_tgt, paths) -> None:
         """The rest of the set-up, after the BPE: model, optimizer, data, resume state."""
         resume = checkpoint_to_resume(self.run_dir, self.log) if cfg.resume else None
-        last = os.path.join(self.run_dir, checkpoint.LAST)
-        self.model_cfg = self._model_config(resume, resume.path if resume else last)
+        self.model_cfg = self._model_config(resume)
 
         backend.manual_seed(cfg.seed)
         self.model = Transformer(self.model_cfg)
@@ -188,8 +187,7 @@ class Trainer:
         self.bad_in_a_row = 0
         self.skipped = 0        # updates skipped (non-finite, fp16 overflow)
         self.launched = 0       # updates launched: applied + skipped (+ one in flight)
-        self.best_score = None          # the best dev metric (cfg.best_metric) so far
-        self.since_best = 0             # validations since it last improved (--patience)
+        self.since_best = 0             # validations since the best metric improved (--patience)
         self.schedule = cfg.schedule()
         self._progress = None           # the running loop's clock (train())
         self._progress_at_start = 0.0   # budget fraction spent before this invocation
@@ -201,7 +199,7 @@ class Trainer:
         if self.root:
             write_run_config(self.run_dir, cfg, self.comm.size, self.device)
 
-    def _model_config(self, resume, last) -> TransformerConfig:
+    def _model_config(self, resume) -> TransformerConfig:
         """The model's config: the checkpoint's when resuming (the flags must agree)."""
         wanted = model_config_for(self.cfg, len(self.bpe))
         if resume is None:
@@ -211,7 +209,7 @@ class Trainer:
         diff = {k: (v, wanted.to_dict()[k]) for k, v in saved.to_dict().items()
                 if wanted.to_dict()[k] != v}
         if diff:
-            raise TrainError(f"{last}: the run's model differs from --config/--set "
+            raise TrainError(f"{resume.path}: the run's model differs from --config/--set "
                              f"(saved, asked): {diff}")
         return saved
 
@@ -231,7 +229,6 @@ class Trainer:
         if self.scaler.enabled and ckpt.meta.get("loss_scaler", {}).get("enabled"):
             self.scaler.load_state_dict(ckpt.meta["loss_scaler"])
         if ckpt.meta.get("best_metric", "loss") == self.cfg.best_metric:
-            self.best_score = ckpt.meta.get("best_score", ckpt.meta.get("best_dev_loss"))
             self.since_best = int(ckpt.meta.get("validations_since_best", 0))
         self._progress_at_start = float(ckpt.meta.get("budget_progress", 0.0))
         if self.cfg.lr_schedule == "linear" and self._progress_at_start >= 1.0:
@@ -513,11 +510,8 @@ class Trainer:
     def save(self, metrics=None) -> str:
         """Write checkpoint_<step>.npz (+ last, + best if the chosen dev metric improved)."""
         score = (metrics or {}).get(self.metric_key)
-        if score is not None:
-            if self.manager.improves(score):
-                self.best_score, self.since_best = score, 0
-            else:
-                self.since_best += 1
+        if score is not None:   # the manager keeps the best score (in checkpoint_best.npz)
+            self.since_best = 0 if self.manager.improves(score) else self.since_best + 1
         meta = {
             "data_state": self.batches.state_dict(),
             "rng_state": backend.get_rng_state(),
@@ -527,7 +521,6 @@ class Trainer:
             "skipped_steps": self.skipped,
             "loss_scaler": self.scaler.state_dict(),
             "best_metric": self.cfg.best_metric,
-            "best_score": self.best_score,
             "validations_since_best": self.since_best,
             "budget_progress": self.budget_progress(self.step + 1),
             "metrics": {k: v for k, v in (metrics or {}).items() if k != "samples"},
