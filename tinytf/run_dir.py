@@ -72,12 +72,18 @@ def _earlier_vocab_size(run_dir: str):
         return None
 
 
+def check_same_bpe(ckpt, bpe_sha: str, run_dir: str, what: str = "") -> None:
+    """A :class:`TrainError` if ``ckpt`` records another BPE model than RUNDIR/bpe.json's
+    (``bpe_sha``); ``what`` prefixes the message (the option that brought the checkpoint)."""
+    saved = (ckpt.meta.get("bpe") or {}).get("sha256")
+    if saved and saved != bpe_sha:
+        raise TrainError(f"{what}{ckpt.path}: trained with another BPE model than "
+                         f"{os.path.join(run_dir, BPE_FILE)} (SHA-256 differs)")
+
+
 def check_resumable(ckpt, bpe_sha: str, run_dir: str) -> None:
     """A :class:`TrainError` unless ``ckpt`` is a training checkpoint of this BPE model."""
-    saved = ckpt.meta.get("bpe", {}).get("sha256")
-    if saved and saved != bpe_sha:
-        raise TrainError(f"{ckpt.path}: trained with another BPE model than "
-                         f"{os.path.join(run_dir, BPE_FILE)} (SHA-256 differs)")
+    check_same_bpe(ckpt, bpe_sha, run_dir)
     for key in ("model_config", "data_state", "step"):
         if key not in ckpt.meta:
             raise TrainError(f"{ckpt.path}: not a training checkpoint (no {key})")
@@ -228,10 +234,7 @@ def init_checkpoint(cfg, comm, log):
 
 def load_init_weights(model, ckpt, bpe_sha: str, run_dir: str, log) -> None:
     """Load ``--init-from``'s weights into a new run's ``model``: same BPE, same shapes."""
-    saved_sha = (ckpt.meta.get("bpe") or {}).get("sha256")
-    if saved_sha and saved_sha != bpe_sha:
-        raise TrainError(f"--init-from {ckpt.path}: trained with another BPE model than "
-                         f"{os.path.join(run_dir, BPE_FILE)} (SHA-256 differs)")
+    check_same_bpe(ckpt, bpe_sha, run_dir, what="--init-from ")
     mine = {k: v.shape for k, v in model.state_dict().items()}
     theirs = {k: tuple(v.shape) for k, v in ckpt.model.items()}
     if mine != theirs:
