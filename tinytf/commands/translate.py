@@ -142,9 +142,11 @@ def _format(translator, results, nbest: int, first: int) -> list[str]:
             for i, n in enumerate(results, first) for h in n or [Hypothesis((), 0.0, 0.0)]]
 
 
-def _score_reference(args, translator, out, name) -> int:
-    """--score-reference: one log-probability per input line, of its reference line."""
-    lines = read_text_lines(args.input, args.errors)
+def _score_reference(args, translator, fd, out, name) -> int:
+    """--score-reference: one log-probability per input line (read from ``fd`` to its end),
+    of its reference line."""
+    lines = [line for block in stream_line_blocks(fd, args.buffer_size, name, args.errors)
+             for line in block]
     targets = read_text_lines(args.score_reference, args.errors)
     if len(targets) != len(lines):
         raise TranslationError(f"{args.score_reference}: {len(targets)} lines for "
@@ -195,7 +197,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     _check(args, parser)
     name = "<stdin>" if args.input == "-" else args.input
-    out = None
+    out = infile = None
     try:
         references = read_text_lines(args.reference, args.errors) if args.reference else None
         fd, infile = _open_input(args.input)
@@ -205,7 +207,7 @@ def main(argv=None) -> int:
         options = SearchOptions(beam_size=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
                                 max_len_b=args.max_len_b, nbest=args.nbest)
         if args.score_reference:
-            _score_reference(args, translator, out, name)
+            _score_reference(args, translator, fd, out, name)
             return 0
         progress = Progress(every=5.0) if not args.quiet else None
         best, done = [], 0
@@ -225,8 +227,6 @@ def main(argv=None) -> int:
             done += len(lines)
             if progress is not None:
                 progress(done, None)
-        if infile is not None:
-            infile.close()
         if progress is not None:
             print(progress.summary(done), file=sys.stderr)
         if references is not None:
@@ -240,6 +240,8 @@ def main(argv=None) -> int:
         print(f"{_prog()}: error: {e}", file=sys.stderr)
         return 2
     finally:
+        if infile is not None:
+            infile.close()
         if out is not None and out is not sys.stdout.buffer:
             out.close()
     return 0
