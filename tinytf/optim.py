@@ -263,11 +263,13 @@ class Adam:
         a caller that learns later that it was skipped subtracts it (``tinytf.trainer``).
         """
         self.step_count += 1
-        if skip is not None and bool(skip.any()):
-            return
+        if skip is not None and not self._skips_on_device():
+            if bool(skip.any()):
+                return
+            skip = None
         flat = self._flat_buffers()
         if flat is not None:
-            self._update(flat.data, flat.grad, *flat.moments)
+            self._update(flat.data, flat.grad, *flat.moments, skip=skip)
             return
         for name, p in self.params:          # the reference loop, one parameter at a time
             if p.grad is None:
@@ -276,10 +278,16 @@ class Adam:
             if self.exp_avg[name] is None:
                 self.exp_avg[name] = xp.zeros_like(p.data)
                 self.exp_avg_sq[name] = xp.zeros_like(p.data)
-            self._update(p.data, p.grad, self.exp_avg[name], self.exp_avg_sq[name])
+            self._update(p.data, p.grad, self.exp_avg[name], self.exp_avg_sq[name], skip=skip)
+
+    def _skips_on_device(self) -> bool:
+        """Whether :meth:`_update` reads the ``skip`` flag itself (``FusedAdam``'s kernel);
+        here it does not, so :meth:`step` reads it on the host."""
+        return False
 
     def _update(self, p, g, m, v, skip=None) -> None:
-        """:func:`adam_update` with this optimizer's settings (``FusedAdam``: a kernel)."""
+        """:func:`adam_update` with this optimizer's settings (``skip`` is always None here:
+        :meth:`step` has read it; ``FusedAdam`` runs a kernel that reads it)."""
         adam_update(p, g, m, v, self.lr, self.betas, self.eps, self.step_count)
 
     def _flat_buffers(self):
