@@ -173,14 +173,17 @@ def autocast(precision="bf16", enabled: bool = True):
     global _policy
     policy = Policy(precision) if enabled else None
     prev, prev_tf32 = _policy, kernels.tf32_enabled()
-    saved = {name: getattr(impl, name) for name in AUTOCAST_OPS}
     _policy = policy if policy is not None and policy.name != "float32" else None
     if policy is not None:
         kernels.set_tf32(policy.tf32)
+    saved = {}          # the entries this block changes (none for float32 outside autocast)
     for name, op in AUTOCAST_OPS.items():
-        base = getattr(saved[name], "autocast_base", saved[name])
-        impl.replace(name, _autocasting(base, op) if _policy and _policy.low_precision
-                     else base)
+        current = getattr(impl, name)
+        base = getattr(current, "autocast_base", current)
+        wanted = _autocasting(base, op) if _policy and _policy.low_precision else base
+        if wanted is not current:
+            saved[name] = current
+            impl.replace(name, wanted)
     try:
         yield policy
     finally:
