@@ -412,14 +412,17 @@ class Trainer:
             return "max_steps"
         if cfg.max_epochs and self.epochs_done() >= cfg.max_epochs:
             return "max_epochs"
-        if self.comm.any(self.signals.requested):
-            return "signal"
         reason = None
         if self.root and progress.elapsed() >= progress.budget:
             reason = "max_minutes"
         elif self.root and cfg.patience and self.since_best >= cfg.patience:
             reason = "patience"
-        if self.comm.any(reason is not None):
+        # One collective per update: how many ranks were signalled, whether rank 0 stops.
+        signalled, root_stops = self.comm.allreduce_scalars(
+            [float(self.signals.requested), float(reason is not None)])
+        if signalled:
+            return "signal"
+        if root_stops:
             return self.comm.broadcast_object(reason)
         return None
 
