@@ -16,7 +16,7 @@ from hypothesis import given, strategies as st
 
 from tinytf.bpe import BOS_ID, BPE, EOS_ID, PAD_ID, UNK_ID, BPEFileError
 from tinytf.text.bpe import FIRST_SYMBOL_ID
-from tinytf.text.learn import count_words
+from tinytf.text.learn import TextError, count_words, line_ranges
 from tinytf.text.pretokenize import can_be_piece, initial_units, pretokenize, show
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -340,8 +340,31 @@ def test_word_counts_fast_path_matches_regex(lines):
 def test_bad_input_file_names_file_and_line(tmp_path):
     path = tmp_path / "bad.txt"
     path.write_bytes(b"fine\nalso fine\nbad \xff byte\n")
-    with pytest.raises(ValueError, match=r"bad\.txt:3: not valid UTF-8"):
+    with pytest.raises(TextError, match=r"bad\.txt: line 3: invalid UTF-8"):
         BPE.learn([str(path)], vocab_size=300)
+    # Counted in parallel, the error still names the file's line (not the part's).
+    path.write_bytes(b"".join(b"line %d\n" % i for i in range(5000)) + b"bad \xff\n")
+    with pytest.raises(TextError, match=r"bad\.txt: line 5001: invalid UTF-8"):
+        BPE.learn([str(path)], vocab_size=300, workers=2)
+
+
+def test_parallel_word_counts_equal_one_pass(tmp_path):
+    """Byte ranges of whole lines, counted by two processes, add up to one pass's counts
+    (a byte-order mark, CRLF ends and a last line without its newline included)."""
+    en, de = os.path.join(DATA, "train.en"), os.path.join(DATA, "train.de")
+    odd = tmp_path / "odd.txt"
+    odd.write_bytes(b"\xef\xbb\xbf" + open(en, "rb").read()[:200000].replace(b"\n", b"\r\n")
+                    + b"no newline at the end")
+    for paths in ([en, de], [str(odd)]):
+        assert count_words(paths, workers=2) == count_words(paths)
+    for parts in (1, 3, 8, 1000):
+        ranges = line_ranges(en, parts)
+        assert ranges[0][0] == 0 and ranges[-1][1] == os.path.getsize(en)
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+        with open(en, "rb") as f:
+            data = f.read()
+        assert all(start == 0 or data[start - 1:start] == b"\n" for start, _ in ranges)
+    assert BPE.learn([en, de], 1000, workers=2).merges == BPE.learn([en, de], 1000).merges
 
 
 # ---------------------------------------------------------------- files

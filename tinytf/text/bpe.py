@@ -65,20 +65,22 @@ class BPE:
         self._encoder = Encoder(unit_ids, self._spell, ranks, merged, cache_size)
 
     @classmethod
-    def learn(cls, inputs, vocab_size=8000, min_frequency=2):
+    def learn(cls, inputs, vocab_size=8000, min_frequency=2, workers=1):
         """Learn a vocabulary of at most `vocab_size` pieces (special tokens and bytes included).
 
         inputs: a list of file paths (one joint vocabulary over all of them, e.g. the source
         and target sides; a single path works too) or an iterable of lines of text. A list
         counts as paths when its first item is a path-like object or an existing file. Merges
-        stop early when the best pair occurs fewer than `min_frequency` times.
+        stop early when the best pair occurs fewer than `min_frequency` times. `workers`
+        processes count the words of files (the merges are learnt in this process); the
+        result does not depend on it.
         """
         if vocab_size < FIRST_SYMBOL_ID:
             raise ValueError(f"vocab_size must be at least {FIRST_SYMBOL_ID} (4 special "
                              f"tokens + 256 bytes), got {vocab_size}")
         if min_frequency < 1:
             raise ValueError(f"min_frequency must be at least 1, got {min_frequency}")
-        return cls(*learn_bpe(inputs, vocab_size, min_frequency, FIRST_SYMBOL_ID))
+        return cls(*learn_bpe(inputs, vocab_size, min_frequency, FIRST_SYMBOL_ID, workers))
 
     # ---------------------------------------------------------------- encoding
     def _spell(self, unit):

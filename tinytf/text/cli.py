@@ -38,7 +38,8 @@ def _batches(lines, size=1000):
 def _learn(args):
     from tinytf.text.bpe import BPE
     start = time.perf_counter()
-    bpe = BPE.learn(args.input, vocab_size=args.vocab_size, min_frequency=args.min_frequency)
+    bpe = BPE.learn(args.input, vocab_size=args.vocab_size, min_frequency=args.min_frequency,
+                    workers=args.workers)
     bpe.save(args.output)
     print(f"learned {bpe.vocab_size} pieces ({len(bpe.alphabet)} alphabet symbols, "
           f"{len(bpe.merges)} merges) from {len(args.input)} file(s) in "
@@ -86,6 +87,8 @@ def build_parser():
     p.add_argument("--min-frequency", type=int, default=2,
                    help="stop when the best pair is rarer than this (2)")
     p.add_argument("--output", required=True, help="model file to write (JSON)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes counting the words of the files (default: 1)")
     p.set_defaults(run=_learn)
     p = sub.add_parser("encode", help="text on stdin -> pieces (or ids) on stdout")
     p.add_argument("--model", required=True)

@@ -19,11 +19,17 @@ right piece, sorts first (Python string order). The same input always gives the 
 A pair whose merged string already is a piece (possible only in odd cases) is never merged, so
 every merge makes a new piece and pieces stay unique.
 """
+import concurrent.futures
 import heapq
+import multiprocessing
 import os
 from collections import Counter, defaultdict
 
 from tinytf.text.pretokenize import LINE_START, PRETOKEN, can_be_piece, initial_units, show
+
+class TextError(ValueError):
+    """A text file to learn from is unusable; the message names the file and the line."""
+
 
 SHIFT = 24  # a pair of symbol ids (a, b) is the int key (a << SHIFT) | b: faster than a tuple
 MASK = (1 << SHIFT) - 1
@@ -52,36 +58,84 @@ def count_words_in_text(text, counter):
         counter.update(PRETOKEN.findall(LINE_START.sub(" ", text)))
 
 
-def count_words_in_file(path, counter, block_bytes=1 << 22):
-    """Count the pre-tokens of a UTF-8 text file, read in blocks of whole lines.
+def count_words_in_file(path, counter, block_bytes=1 << 22, start=0, end=None):
+    """Count the pre-tokens of a UTF-8 text file, read in blocks of whole lines: the whole
+    file, or the lines that start in bytes ``[start, end)`` (``start`` a line's first byte).
 
-    Raises ValueError naming the file and line if the file is not valid UTF-8.
+    Raises :class:`TextError` naming the file and line if the file is not valid UTF-8.
     """
-    line_no = 0
     with open(path, "rb") as f:
-        while True:
-            lines = f.readlines(block_bytes)
-            if not lines:
+        f.seek(start)
+        at = start
+        while end is None or at < end:
+            data = f.read(block_bytes if end is None else min(block_bytes, end - at))
+            if not data:
                 break
-            data = b"".join(lines)
+            if not data.endswith(b"\n"):
+                data += f.readline()  # whole lines; `end` is a line's start, so not past it
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError as e:
-                bad_line = line_no + data.count(b"\n", 0, e.start) + 1
-                raise ValueError(f"{path}:{bad_line}: not valid UTF-8 ({e.reason})") from None
-            if line_no == 0 and text.startswith("\ufeff"):
+                bad_line = _lines_before(path, at) + data.count(b"\n", 0, e.start) + 1
+                raise TextError(f"{path}: line {bad_line}: invalid UTF-8 ({e.reason})") from None
+            if at == 0 and text.startswith("\ufeff"):
                 text = text[1:]  # a byte-order mark is not text
             if "\r" in text:
                 text = text.replace("\r\n", "\n")  # as Python's universal newlines would
-            line_no += len(lines)
+            at += len(data)
             count_words_in_text(text, counter)
 
 
-def count_words(inputs):
-    """Pre-token frequencies of files (list of paths) or of an iterable of lines."""
+def _lines_before(path, offset):
+    """The number of line breaks in the first ``offset`` bytes of ``path`` (for messages)."""
+    count = 0
+    with open(path, "rb") as f:
+        while offset > 0:
+            block = f.read(min(1 << 24, offset))
+            if not block:
+                break
+            count += block.count(b"\n")
+            offset -= len(block)
+    return count
+
+
+def line_ranges(path, parts):
+    """Cut ``path`` into at most ``parts`` byte ranges ``(start, end)`` of whole lines."""
+    size = os.path.getsize(path)
+    cuts = [0]
+    with open(path, "rb") as f:
+        for k in range(1, parts):
+            f.seek(max(size * k // parts, cuts[-1]))
+            if f.tell() > 0:
+                f.seek(f.tell() - 1)
+                f.readline()  # to the start of the next line
+            if cuts[-1] < f.tell() < size:
+                cuts.append(f.tell())
+    return list(zip(cuts, cuts[1:] + [size]))
+
+
+def _count_range(job):
+    path, start, end = job
+    counter = Counter()
+    count_words_in_file(path, counter, start=start, end=end)
+    return counter
+
+
+def count_words(inputs, workers=1):
+    """Pre-token frequencies of files (list of paths) or of an iterable of lines. Files are
+    counted by ``workers`` processes at once, each over byte ranges of whole lines (the counts
+    add up to a single pass's)."""
     counter = Counter()
     paths = as_paths(inputs)
-    if paths is not None:
+    if paths is not None and workers > 1:
+        jobs = [(path, start, end) for path in paths
+                for start, end in line_ranges(path, 4 * workers)]
+        methods = multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+            for part in pool.map(_count_range, jobs):
+                counter.update(part)
+    elif paths is not None:
         for path in paths:
             count_words_in_file(path, counter)
     else:
@@ -114,13 +168,13 @@ def as_paths(inputs):
     return None
 
 
-def learn_bpe(inputs, vocab_size, min_frequency, first_id):
+def learn_bpe(inputs, vocab_size, min_frequency, first_id, workers=1):
     """Learn ``(alphabet, merges)`` from files or lines; see `tinytf.text.bpe.BPE.learn`.
 
     first_id: the id of the first alphabet symbol (ids below are special tokens and bytes).
     alphabet: piece strings, most frequent first; merges: (left, right) piece strings in order.
     """
-    word_counts = count_words(inputs)
+    word_counts = count_words(inputs, workers)
     word_units = [initial_units(word) for word in word_counts]
     unit_counts = Counter()
     for units, count in zip(word_units, word_counts.values()):
