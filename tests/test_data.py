@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from tinytf.bpe import BOS_ID, EOS_ID, PAD_ID
-from tinytf.data import BatchIterator, DataError, ParallelCorpus, read_lines, read_parallel
+from tinytf.data import (BatchIterator, DataError, ParallelCorpus, pack_by_length, read_lines,
+                         read_parallel)
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "ende")
 
@@ -133,6 +134,35 @@ def test_every_pair_once_per_epoch_and_rows_are_the_right_pairs():
             seen += batch.indices.tolist()
         assert sorted(seen) == list(range(len(corpus)))
         assert it.epoch == epoch + 1 and it.index == 0
+
+
+def _pack_pair_by_pair(src, tgt, max_tokens, max_sentences=None):
+    """The greedy cut written plainly, one pair at a time: the reference for pack_by_length."""
+    boundaries, start, ms, mt = [0], 0, 0, 0
+    for i, (s, t) in enumerate(zip(src.tolist(), tgt.tolist())):
+        size, ms2, mt2 = i - start + 1, max(ms, s), max(mt, t)
+        if size * ms2 > max_tokens or size * mt2 > max_tokens or (
+                max_sentences is not None and size > max_sentences):
+            boundaries.append(i)
+            start, ms2, mt2 = i, s, t
+        ms, mt = ms2, mt2
+    return boundaries + [len(src)] if len(src) else [0]
+
+
+@pytest.mark.parametrize("sort", [True, False])
+@pytest.mark.parametrize("max_tokens,max_sentences", [(64, None), (300, None), (300, 7),
+                                                      (50, 1)])
+def test_pack_by_length_equals_the_pair_by_pair_cut(sort, max_tokens, max_sentences):
+    rng = np.random.default_rng(3)
+    src, tgt = rng.integers(1, 50, 2000), rng.integers(1, 50, 2000)
+    if sort:
+        order = np.lexsort((src, tgt, np.maximum(src, tgt)))
+        src, tgt = src[order], tgt[order]
+    got = pack_by_length(src, tgt, max_tokens, max_sentences).tolist()
+    assert got == _pack_pair_by_pair(src, tgt, max_tokens, max_sentences)
+    assert pack_by_length(src[:0], tgt[:0], max_tokens).tolist() == [0]
+    with pytest.raises(ValueError, match="49 tokens on one side but max_tokens is 40"):
+        pack_by_length(np.array([3, 5, 49]), np.array([4, 2, 3]), 40)
 
 
 def test_batches_are_grouped_by_length():

@@ -45,15 +45,23 @@ def read_lines(path) -> list[str]:
         raw = f.read()
     if not raw.strip():
         raise DataError(f"{path}: empty file (expected one sentence per line)")
+    return decode_lines(raw, path)
+
+
+def decode_lines(raw: bytes, path, first_line: int = 0, first_byte: int = 0) -> list[str]:
+    """The lines of ``raw``, a block of whole lines of ``path`` that starts at line
+    ``first_line`` (0-based) and byte ``first_byte`` of the file, decoded as :func:`read_lines`
+    decodes a whole file (a byte-order mark is dropped at the file's start only). Errors name
+    the file's line and byte offset, so that a file read in blocks reports as a whole one."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
+        line = first_line + raw.count(b"\n", 0, e.start) + 1
         nth = e.start - raw.rfind(b"\n", 0, e.start)  # 1 = the line's first byte
         raise DataError(
-            f"{path}: line {line}: invalid UTF-8 at byte offset {e.start} of the file "
-            f"(byte {nth} of the line): {e.reason}") from None
-    if text.startswith("\ufeff"):
+            f"{path}: line {line}: invalid UTF-8 at byte offset {first_byte + e.start} of the "
+            f"file (byte {nth} of the line): {e.reason}") from None
+    if first_byte == 0 and text.startswith("\ufeff"):
         text = text[1:]
     lines = text.split("\n")
     if lines[-1] == "":  # the usual final newline, not an extra empty line
@@ -69,12 +77,39 @@ def read_parallel(src_path, tgt_path) -> tuple[list[str], list[str]]:
     """
     src, tgt = read_lines(src_path), read_lines(tgt_path)
     if len(src) != len(tgt):
-        longer, shorter = (src_path, tgt_path) if len(src) > len(tgt) else (tgt_path, src_path)
-        n = min(len(src), len(tgt))
-        raise DataError(
-            f"{longer}: line {n + 1}: no partner line in {shorter} "
-            f"({src_path} has {len(src)} lines, {tgt_path} has {len(tgt)})")
+        raise unpaired(src_path, tgt_path, len(src), len(tgt))
     return src, tgt
+
+
+def unpaired(src_path, tgt_path, n_src: int, n_tgt: int) -> DataError:
+    """The error for parallel files of ``n_src`` and ``n_tgt`` lines: it names the first line
+    of the longer file that has no partner."""
+    longer, shorter = (src_path, tgt_path) if n_src > n_tgt else (tgt_path, src_path)
+    return DataError(f"{longer}: line {min(n_src, n_tgt) + 1}: no partner line in {shorter} "
+                     f"({src_path} has {n_src} lines, {tgt_path} has {n_tgt})")
+
+
+def count_lines(path, block_bytes=1 << 24) -> int:
+    """The number of lines of ``path`` (a last line without ``\\n`` counts), read in blocks."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(block_bytes):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def check_parallel_files(src_path, tgt_path) -> int:
+    """The number of pairs of two parallel files, streaming (memory bounded whatever their
+    size); a :class:`DataError` for an empty file or unequal line counts, as
+    :func:`read_parallel` words them. Decoding is checked by whoever reads the text."""
+    n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
+    for path, n in ((src_path, n_src), (tgt_path, n_tgt)):
+        if n == 0:
+            raise DataError(f"{path}: empty file (expected one sentence per line)")
+    if n_src != n_tgt:
+        raise unpaired(src_path, tgt_path, n_src, n_tgt)
+    return n_src
 
 
 class ParallelCorpus:
@@ -94,24 +129,45 @@ class ParallelCorpus:
         tgt_ids = bpe.encode_batch(list(tgt_lines))
         if len(src_ids) != len(src_lines) or len(tgt_ids) != len(tgt_lines):
             raise ValueError(f"{name}: bpe.encode_batch returned a different number of lines")
-        self.name = name
-        self.max_len = max_len
-        self.n_lines = len(src_lines)
-        self.n_skipped_long = 0
-        self.n_skipped_empty = 0
+        n_skipped_long = n_skipped_empty = 0
         kept = []
         for i, (x, y) in enumerate(zip(src_ids, tgt_ids)):
             if len(x) == 0 or len(y) == 0:
-                self.n_skipped_empty += 1
+                n_skipped_empty += 1
             elif max_len is not None and max(len(x), len(y)) + 1 > max_len:
-                self.n_skipped_long += 1
+                n_skipped_long += 1
             else:
                 kept.append(i)
-        self.kept = np.asarray(kept, dtype=np.int64)
-        self._src, self._src_off = _flatten([src_ids[i] for i in kept])
-        self._tgt, self._tgt_off = _flatten([tgt_ids[i] for i in kept])
-        self.src_lengths = np.diff(self._src_off) + 1  # + </s>
-        self.tgt_lengths = np.diff(self._tgt_off) + 1  # + <s> on tgt_in, + </s> on tgt_out
+        src, src_off = _flatten([src_ids[i] for i in kept])
+        tgt, tgt_off = _flatten([tgt_ids[i] for i in kept])
+        self._set(src, src_off, tgt, tgt_off, np.asarray(kept, dtype=np.int64), name=name,
+                  max_len=max_len, n_lines=len(src_lines), n_skipped_long=n_skipped_long,
+                  n_skipped_empty=n_skipped_empty)
+
+    @classmethod
+    def from_arrays(cls, src, src_offsets, tgt, tgt_offsets, kept, *, name, max_len, n_lines,
+                    n_skipped_long, n_skipped_empty) -> "ParallelCorpus":
+        """A corpus over arrays already encoded and filtered (NumPy arrays or memory maps, as
+        :mod:`tinytf.corpus_file` opens them): ``src[src_offsets[i]:src_offsets[i + 1]]`` is
+        source sentence i without ``</s>``, the same for ``tgt``; ``kept[i]`` is its line."""
+        corpus = cls.__new__(cls)
+        corpus._set(src, src_offsets, tgt, tgt_offsets, kept, name=name, max_len=max_len,
+                    n_lines=n_lines, n_skipped_long=n_skipped_long,
+                    n_skipped_empty=n_skipped_empty)
+        return corpus
+
+    def _set(self, src, src_off, tgt, tgt_off, kept, *, name, max_len, n_lines,
+             n_skipped_long, n_skipped_empty):
+        self.name = name
+        self.max_len = max_len
+        self.n_lines = n_lines
+        self.n_skipped_long = n_skipped_long
+        self.n_skipped_empty = n_skipped_empty
+        self.kept = kept
+        self._src, self._src_off = src, src_off
+        self._tgt, self._tgt_off = tgt, tgt_off
+        self.src_lengths = np.diff(src_off) + 1  # + </s>
+        self.tgt_lengths = np.diff(tgt_off) + 1  # + <s> on tgt_in, + </s> on tgt_out
 
     @classmethod
     def from_files(cls, src_path, tgt_path, bpe, max_len=256):
@@ -183,23 +239,30 @@ def pack_by_length(src_lengths, tgt_lengths, max_tokens, max_sentences=None) -> 
 
     Pairs ``boundaries[k]:boundaries[k+1]`` form batch k, chosen so that
     ``size * max(src_lengths) <= max_tokens`` and ``size * max(tgt_lengths) <= max_tokens``
-    (padded tokens) and ``size <= max_sentences``. Raises ValueError if one pair alone is too big.
+    (padded tokens) and ``size <= max_sentences``: each batch takes as many pairs as fit.
+    Raises ValueError if one pair alone is too big.
+
+    The two bounds are one, ``size * max(longer side) <= max_tokens``, and along a batch both
+    factors only grow, so the pairs that fit are a prefix of the window of at most
+    ``max_tokens // longest[start]`` pairs: one vectorised test per batch, not a Python step
+    per pair (a WMT-sized corpus has millions of pairs and tens of thousands of batches).
     """
-    boundaries = [0]
-    start, max_s, max_t = 0, 0, 0
-    for i, (s, t) in enumerate(zip(src_lengths.tolist(), tgt_lengths.tolist())):
-        if max(s, t) > max_tokens:
-            raise ValueError(
-                f"a pair has {max(s, t)} tokens on one side but max_tokens is {max_tokens}: "
-                f"raise max_tokens or lower max_len")
-        ms, mt, size = max(max_s, s), max(max_t, t), i - start + 1
-        if size * ms > max_tokens or size * mt > max_tokens or (
-                max_sentences is not None and size > max_sentences):
-            boundaries.append(i)
-            start, ms, mt = i, s, t
-        max_s, max_t = ms, mt
-    boundaries.append(len(src_lengths))
-    return np.asarray(boundaries if len(src_lengths) else [0], dtype=np.int64)
+    longest = np.maximum(np.asarray(src_lengths), np.asarray(tgt_lengths)).astype(np.int64)
+    too_big = np.flatnonzero(longest > max_tokens)
+    if len(too_big):
+        raise ValueError(
+            f"a pair has {longest[too_big[0]]} tokens on one side but max_tokens is "
+            f"{max_tokens}: raise max_tokens or lower max_len")
+    boundaries, start, n = [0], 0, len(longest)
+    while start < n:
+        size_cap = max_tokens // int(longest[start])
+        if max_sentences is not None:
+            size_cap = min(size_cap, max_sentences)
+        widest = np.maximum.accumulate(longest[start:start + size_cap])
+        fits = np.arange(1, len(widest) + 1) * widest <= max_tokens
+        start += int(np.count_nonzero(fits))
+        boundaries.append(start)
+    return np.asarray(boundaries, dtype=np.int64)
 
 
 class BatchIterator:
