@@ -1,5 +1,5 @@
 """The installed commands: ``pip install .`` (a wheel, not an editable install) puts
-tinytf-train, tinytf-translate, tinytf-average and tinytf-bpe on the PATH, and they work from
+tinytf-train, tinytf-translate, tinytf-average, tinytf-prepare and tinytf-bpe on the PATH, and they work from
 any directory, with no checkout on ``sys.path``."""
 import os
 import shutil
@@ -51,15 +51,20 @@ def test_the_installed_commands_train_translate_and_average_from_another_directo
         installed, tmp_path):
     where = _run(installed, tmp_path, "python", "-c", "import tinytf; print(tinytf.__file__)")
     assert str(installed.parent) in where.stdout, where.stdout     # the wheel, not the checkout
-    for name in ("tinytf-train", "tinytf-translate", "tinytf-average", "tinytf-bpe"):
+    for name in ("tinytf-train", "tinytf-translate", "tinytf-average", "tinytf-prepare",
+                 "tinytf-bpe"):
         assert _run(installed, tmp_path, name, "--help").returncode == 0, name
     data = os.path.join(ROOT, "data", "ende")
     run = tmp_path / "run"
     sets = [a for s in TINY for a in ("--set", s)]
+    prepare = _run(installed, tmp_path, "tinytf-prepare", "--data", data, "--out", run,
+                   "--vocab-size", "300", "--set", "train_max_len=40")
+    assert prepare.returncode == 0 and (run / "corpus" / "header.json").is_file(), prepare.stderr
     train = _run(installed, tmp_path, "tinytf-train", "--data", data, "--out", run,
                  "--max-steps", "4", "--save-interval", "2", "--vocab-size", "300",
                  "--max-tokens", "200", *sets)
     assert train.returncode == 0, train.stderr
+    assert "encoding" not in train.stderr     # the prepared corpus is used as it is
     average = _run(installed, tmp_path, "tinytf-average", "--inputs", run, "--num", "2",
                    "--output", run / "averaged.npz")
     assert average.returncode == 0, average.stderr

@@ -19,7 +19,7 @@ LAYERS = [
     ("optim", ["optim"]),
     ("fast", ["kernels", "fast", "amp", "cuda_graph", "distributed"]),
     ("model", ["transformer", "search", "translation", "attention_svg"]),
-    ("training", ["data", "stop_signals", "train_config", "train_log", "evaluate", "run_dir", "trainer",
+    ("training", ["data", "corpus_file", "prepare", "stop_signals", "train_config", "train_log", "evaluate", "run_dir", "trainer",
                   "pipelined", "run"]),
     ("commands", ["commands"]),
 ]

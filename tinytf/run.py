@@ -13,6 +13,10 @@ def trainer_for(cfg: TrainConfig, comm=None, log_stream=None) -> Trainer:
     return cls(cfg, comm=comm, log_stream=log_stream)
 
 
-def train(cfg: TrainConfig, comm=None, log_stream=None) -> dict:
-    """Run ``cfg`` to the end and return the summary (see :class:`tinytf.trainer.Trainer`)."""
-    return trainer_for(cfg, comm, log_stream).train()
+def train(cfg: TrainConfig, comm=None, log_stream=None, process_exits: bool = False) -> dict:
+    """Run ``cfg`` to the end and return the summary (see :class:`tinytf.trainer.Trainer`).
+    ``process_exits``: the caller's process ends with the run (the command line), so stop
+    signals stay handled after a stop (:class:`tinytf.stop_signals.StopSignals`)."""
+    trainer = trainer_for(cfg, comm, log_stream)
+    trainer.signals.hold_after_stop = process_exits
+    return trainer.train()

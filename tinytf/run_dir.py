@@ -1,17 +1,21 @@
 """The files a training run reads and writes: the corpus paths under ``--data``, the run's
-BPE model in ``RUNDIR/bpe.json`` (learnt once, by rank 0), and what a checkpoint must hold
-to be resumed."""
+BPE model in ``RUNDIR/bpe.json`` (learnt once, by rank 0), the training corpus encoded once
+into ``RUNDIR/corpus`` (:mod:`tinytf.corpus_file`), and what a checkpoint must hold to be
+resumed."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import time
 
 from . import checkpoint
 from .bpe import BPE
-from .train_config import BPE_FILE, TrainConfig, TrainError, apply_overrides
+from .corpus_file import open_corpus, stale_reason
+from .data import DataError, check_parallel_files
+from .prepare import default_workers, prepare_corpus
+from .text.learn import TextError
+from .train_config import BPE_FILE, CORPUS_DIR, TrainConfig, TrainError, apply_overrides
 from .translation import TranslationError, bpe_path_of
 
 
@@ -49,11 +53,16 @@ def run_bpe(cfg, comm, log, train_pair):
         if cfg.resume:
             raise TrainError(f"--resume: {path} is missing (the run's BPE model)")
         if comm.is_root:
+            check_parallel_files(*train_pair)   # before minutes go into learning from them
             t0 = time.perf_counter()
+            workers = cfg.workers or default_workers()
             log.info(f"learning a joint BPE of {cfg.vocab_size} pieces from "
-                     f"{train_pair[0]} and {train_pair[1]} ...")
+                     f"{train_pair[0]} and {train_pair[1]} ({workers} worker(s)) ...")
             try:
-                model = BPE.learn(list(train_pair), vocab_size=cfg.vocab_size)
+                model = BPE.learn(list(train_pair), vocab_size=cfg.vocab_size,
+                                  workers=workers)
+            except TextError as e:
+                raise DataError(str(e)) from None
             except ValueError as e:
                 raise TrainError(f"--vocab-size {cfg.vocab_size}: {e}") from None
             model.save(path)  # atomic (temporary file + rename)
@@ -246,27 +255,25 @@ def load_init_weights(model, ckpt, bpe_sha: str, run_dir: str, log) -> None:
     log.info(f"starting from the weights of {ckpt.path} (step {ckpt.step})")
 
 
-def corpus_fingerprint(paths, pairs: int) -> list:
-    """What identifies a training corpus cheaply: each file's size and the SHA-256 of its
-    first and last MiB, and the number of pairs kept. Ranks compare it at the start."""
-    out = [pairs]
-    for path in paths:
-        size = os.path.getsize(path)
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            digest.update(f.read(1 << 20))
-            if size > 1 << 20:
-                f.seek(max(size - (1 << 20), 1 << 20))
-                digest.update(f.read())
-        out += [size, digest.hexdigest()]
-    return out
-
-
-def check_same_corpus(comm, paths, pairs: int) -> None:
-    """A :class:`TrainError` on any rank whose training corpus is not rank 0's (which
-    would train silently on different data): the job stops with the rank and the files."""
-    mine = corpus_fingerprint(paths, pairs)
-    if comm.broadcast_object(mine) != mine:
-        raise TrainError(f"rank {comm.rank}: the training corpus {paths[0]} / {paths[1]} "
-                         f"differs from rank 0's (sizes, pair counts or contents); every rank "
-                         "must read the same --data")
+def prepared_corpus(cfg, comm, log, train_pair, bpe_sha: str):
+    """The training corpus as memory maps of RUNDIR/corpus (:mod:`tinytf.corpus_file`),
+    encoded first if it is missing or stale (rank 0 prepares with ``cfg.workers`` processes,
+    the others wait and then map the same files). A rank whose own view of the source files
+    differs from what rank 0 prepared stops the job with a :class:`TrainError`."""
+    path = os.path.join(cfg.out, CORPUS_DIR)
+    if comm.is_root:
+        reason = stale_reason(path, bpe_sha, train_pair, cfg.train_max_len)
+        if reason is not None:
+            workers = cfg.workers or default_workers()
+            log.info(f"encoding {train_pair[0]} and {train_pair[1]} into {path} "
+                     f"({reason}) with {workers} worker(s) ...")
+            prepare_corpus(*train_pair, os.path.join(cfg.out, BPE_FILE), path,
+                           cfg.train_max_len, workers=workers, log=log.info)
+    comm.barrier()
+    if not comm.is_root:
+        reason = stale_reason(path, bpe_sha, train_pair, cfg.train_max_len)
+        if reason is not None:
+            raise TrainError(f"rank {comm.rank}: the training corpus {train_pair[0]} / "
+                             f"{train_pair[1]} is not the one rank 0 prepared in {path} "
+                             f"({reason}); every rank must read the same --data")
+    return open_corpus(path, name=f"{train_pair[0]} / {train_pair[1]}")

@@ -15,10 +15,14 @@ ranks (it handles SIGTERM itself)."""
 class StopSignals:
     """Records the first stop signal while :meth:`catching`; ``requested`` and ``number``
     say whether one came and which. Further signals are noted and change nothing, so that
-    the checkpoint that follows is written whole before the process exits."""
+    the checkpoint that follows is written whole before the process exits. With
+    ``hold_after_stop`` (the command line, whose process ends with the run) the stop signals
+    are ignored after a stop, so that one between the checkpoint and the exit cannot turn the
+    exit status 128 + N into a death by signal; otherwise the previous handlers come back."""
 
-    def __init__(self, log):
+    def __init__(self, log, hold_after_stop: bool = False):
         self.log = log
+        self.hold_after_stop = hold_after_stop
         self.requested = False
         self.number = None
 
@@ -44,4 +48,6 @@ class StopSignals:
             yield self
         finally:
             for sig, old in previous.items():
-                signal.signal(sig, old)
+                # SIG_IGN, unlike a Python handler, survives the interpreter's shutdown.
+                held = self.requested and self.hold_after_stop
+                signal.signal(sig, signal.SIG_IGN if held else old)

@@ -15,6 +15,7 @@ from .schedule import SCHEDULES, Schedule
 from .transformer import TransformerConfig
 
 BPE_FILE = "bpe.json"
+CORPUS_DIR = "corpus"   # RUNDIR/corpus: the encoded training pairs (tinytf.corpus_file)
 
 
 class TrainError(RuntimeError):
@@ -71,6 +72,7 @@ class TrainConfig:
     patience: int = 0                 # stop after N validations without a better best_metric
     best_metric: str = "loss"         # checkpoint_best.npz and patience: dev "loss" or "bleu"
     init_from: str | None = None      # a new run starts from this run's / checkpoint's weights
+    workers: int | None = None        # processes that learn the BPE / encode the corpus (None: CPUs)
 
     PRESET_DEFAULTS = {
         # Measured on 2 CPU cores and the shipped corpus (docs/training.md, "The tiny
@@ -177,7 +179,8 @@ class TrainConfig:
         if self.cuda_graph and self.device != "gpu":
             raise TrainError("--cuda-graph replays steps as CUDA graphs: it needs --device gpu")
         positive = ("max_tokens", "update_freq", "warmup", "vocab_size", "log_interval",
-                    "save_interval", "valid_interval", "train_max_len", "max_bad_steps")
+                    "save_interval", "valid_interval", "train_max_len", "max_bad_steps",
+                    "workers")
         for key in positive:
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise TrainError(f"{key} must be at least 1, got {getattr(self, key)}")

@@ -45,9 +45,9 @@ from .data import BatchIterator, ParallelCorpus, read_parallel
 from .evaluate import bleu, evaluate_loss, greedy_translate, test_scores
 from .optim import clip_grad_norm_array, grad_norm_array
 from .plot import write_training_plot
-from .run_dir import (RunLock, changed_on_resume, check_resumable, check_same_corpus,
+from .run_dir import (RunLock, changed_on_resume, check_resumable,
                       checkpoint_to_resume, data_paths, has_checkpoint, init_checkpoint,
-                      load_init_weights, run_bpe)
+                      load_init_weights, prepared_corpus, run_bpe)
 from .stop_signals import StopSignals
 from .train_config import (BPE_FILE, TrainConfig, TrainError, apply_overrides,  # noqa: F401
                            model_config_for)  # (TrainConfig, apply_overrides: re-exported)
@@ -135,23 +135,23 @@ class Trainer:
 
     def _start(self, cfg, paths) -> None:
         """Read the data, get the BPE, build the rest; a failure removes a BPE learnt now."""
-        # Data: read and check the text first, so a bad file is reported by name and line
-        # before minutes go into learning a BPE model from it.
-        train_src, train_tgt = read_parallel(*paths["train"])
+        # Dev and test are small and read whole; the training text is streamed, checked and
+        # encoded once into RUNDIR/corpus (run_dir.prepared_corpus) and then memory-mapped.
         self.dev_lines = read_parallel(*paths["dev"])
         self.test_lines = read_parallel(*paths["test"]) if "test" in paths else None
         self.init = (init_checkpoint(cfg, self.comm, self.log)
                      if cfg.init_from and not cfg.resume else None)
         self.bpe, self.bpe_sha, learnt = run_bpe(cfg, self.comm, self.log, paths["train"])
         try:
-            self._build(cfg, train_src, train_tgt, paths)
+            self._build(cfg, paths)
         except BaseException:
             if learnt and self.root:     # a run that fails to start leaves no BPE behind
                 os.unlink(os.path.join(self.run_dir, BPE_FILE))
             raise
 
-    def _build(self, cfg, train_src, train_tgt, paths) -> None:
+    def _build(self, cfg, paths) -> None:
         """The rest of the set-up, after the BPE: model, optimizer, data, resume state."""
+        self.train_data = prepared_corpus(cfg, self.comm, self.log, paths["train"], self.bpe_sha)
         resume = checkpoint_to_resume(self.run_dir, self.log) if cfg.resume else None
         self.model_cfg = self._model_config(resume)
 
@@ -169,10 +169,6 @@ class Trainer:
         self.policy = amp.Policy(cfg.precision)
         self.scaler = amp.DynamicLossScaler(enabled=self.policy.loss_scaling)
 
-        self.train_data = ParallelCorpus(train_src, train_tgt, self.bpe, cfg.train_max_len,
-                                         name=f"{paths['train'][0]} / {paths['train'][1]}")
-        if self.comm.size > 1:
-            check_same_corpus(self.comm, paths["train"], len(self.train_data))
         # Dev pairs longer than a batch cannot be scored for loss (BLEU still sees them).
         self.dev_data = ParallelCorpus(*self.dev_lines, self.bpe,
                                        min(self.model_cfg.max_len, cfg.max_tokens),

@@ -89,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="factor of the paper's schedule (noam)")
     p.add_argument("--vocab-size", type=int, metavar="V",
                    help="joint BPE vocabulary, learnt when RUNDIR has none (default: tiny 4000, others 8000)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="processes that learn the BPE and encode the training text into "
+                        "RUNDIR/corpus when it is missing or stale (default: the CPUs this "
+                        "process may use)")
     p.add_argument("--seed", type=int, default=d.seed, help=f"(default: {d.seed})")
     p.add_argument("--resume", nargs="?", const=True, choices=[True, "auto"], metavar="auto",
                    help="continue exactly from RUNDIR/checkpoint_last.npz, with the run's own "
@@ -147,7 +151,7 @@ def config_from_args(args, given=frozenset()) -> TrainConfig:
         log_interval=args.log_interval, save_interval=args.save_interval,
         valid_interval=args.valid_interval, keep_last=args.keep_last, clip_norm=args.clip_norm,
         max_epochs=args.max_epochs, patience=args.patience, best_metric=args.best_metric,
-        valid_samples=args.valid_samples, init_from=args.init_from)
+        valid_samples=args.valid_samples, init_from=args.init_from, workers=args.workers)
     if args.resume:
         return resumed_config(cfg, given, args.set).resolved()
     return apply_overrides(cfg, args.set).resolved()
@@ -169,7 +173,7 @@ def main(argv=None) -> int:
     with comm.guard():
         try:
             cfg = config_from_args(args, given)
-            summary = train(cfg, comm=comm)
+            summary = train(cfg, comm=comm, process_exits=True)
         except USER_ERRORS as e:
             if comm.size > 1:
                 comm.abort(f"{_prog()}: error: {e}", code=2)
