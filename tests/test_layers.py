@@ -18,7 +18,7 @@ LAYERS = [
     ("functional", ["functional", "nn"]),
     ("optim", ["optim"]),
     ("fast", ["kernels", "fast", "amp", "cuda_graph", "distributed"]),
-    ("model", ["transformer", "search", "translation", "attention_svg"]),
+    ("model", ["decoder_state", "transformer", "search", "translation", "attention_svg"]),
     ("training", ["data", "corpus_file", "prepare", "stop_signals", "train_config", "train_log", "evaluate", "run_dir", "trainer",
                   "pipelined", "run"]),
     ("commands", ["commands"]),

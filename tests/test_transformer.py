@@ -344,8 +344,9 @@ def test_decode_step_equals_full_decode(dtype):
             assert logp.shape == (3, 13) and logp.dtype == dtype
             np.testing.assert_allclose(logp, full[:, t], rtol=1e-5, atol=1e-5)
             assert state.length == t + 1
-    k = state.caches[0]["k"]
-    assert k.shape == (3, 2, 6, 8)
+    cache = state.caches[0]
+    assert (cache.rows, cache.length) == (3, 6) and cache.k.shape[:2] == (3, 2)
+    assert cache.k.shape[2] >= 6 and cache.k.shape[3] == 8
 
 
 def test_decoder_state_select_reorders_rows():
@@ -370,6 +371,41 @@ def test_decoder_state_select_reorders_rows():
         state = state.select([1])
         logp = model.decode_step(tokens[order][1:2, 3], state)
         np.testing.assert_allclose(logp, full[1:2, 3], rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_hypotheses_share_their_sentence_memory():
+    """As beam search selects rows (k consecutive hypotheses per sentence, reordered within
+    their sentence, sentences leaving): the encoder-decoder keys stay one row per sentence,
+    the self-attention caches are written in place past their first capacity, and every
+    step equals the full decode of the rows' prefixes."""
+    model = make_model(pre_norm=False).eval()
+    rng = np.random.default_rng(10)
+    src, _ = random_batch(rng, 3, 6, 2, 13)
+    k, steps = 4, 20                       # 20 steps: past the caches' first capacity (16)
+    tokens = rng.integers(3, 13, size=(3 * k, steps))
+    tokens[:, 0] = BOS
+    with no_grad():
+        memory = model.encode(src)
+        state = model.start_decoding(memory, src).select(np.repeat(np.arange(3), k))
+        assert state.group == k and state.cross_kv[0][0].shape[0] == 3
+        rows = np.arange(3 * k)           # which original hypothesis each row now follows
+        sentence = np.repeat(np.arange(3), k)
+        for t in range(steps):
+            logp = model.decode_step(tokens[rows, t], state)
+            prefix = tokens[rows, :t + 1]
+            full = model.decode(prefix, model.encode(src[sentence]), src[sentence])
+            np.testing.assert_allclose(logp, full.log_softmax(-1).data[:, -1],
+                                       rtol=2e-5, atol=2e-5)
+            # Reorder within each sentence; at step 10 the middle sentence leaves.
+            pick = np.concatenate([b * k + rng.integers(0, k, k) for b in range(len(rows) // k)])
+            if t == 10:
+                pick = pick.reshape(-1, k)[[0, 2]].reshape(-1)
+            state = state.select(pick)
+            rows, sentence = rows[pick], sentence[pick]
+        assert state.group == k and state.cross_kv[0][0].shape[0] == 2
+        assert state.caches[0].length == steps and state.caches[0].k.shape[2] >= steps
+        state.select([4, 0, 1])           # unequal runs: one memory row per hypothesis
+        assert state.group == 1 and state.cross_kv[0][0].shape[0] == 3
 
 
 # ----------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import numpy as np
 from . import backend
 from . import functional as F
 from . import nn
+from .decoder_state import DecoderState, SelfAttentionCache
 from .tensor import Tensor, no_grad
 
 PAD_ID = 0  # the BPE's fixed id of <pad> (tinytf.bpe.PAD_ID); padding is masked everywhere
@@ -264,24 +265,36 @@ class MultiHeadAttention(nn.Module):
         """x (B, T, d) -> (B, T, d).
 
         Self-attention when ``memory_kv`` is None, else attention to the given
-        (keys, values) of the encoder output. ``cache`` (self-attention only) is a dict
-        with the keys and values of earlier positions, ``{"k": (B,h,t,d_k), "v": ...}``;
-        the new position's keys and values are appended to it.
+        (keys, values) of the encoder output, one row per memory row: B queries' rows may
+        come in groups of B / M consecutive rows per memory row (a beam). ``cache``
+        (self-attention only) is a :class:`tinytf.decoder_state.SelfAttentionCache` with the
+        keys and values of earlier positions; the new positions' are written into it.
         """
         h = self.n_heads
         if memory_kv is None:
             q, k, v = split_projections(self.qkv(x), 3, h)  # qkv (B, T, 3d) -> (B, h, T, d_k)
-            if cache is not None:
-                if cache.get("k") is not None:
-                    k = F.cat([Tensor(cache["k"]), k], axis=2)  # (B, h, t+T, d_k)
-                    v = F.cat([Tensor(cache["v"]), v], axis=2)
-                cache["k"], cache["v"] = k.data, v.data
+            if cache is not None:                           # keys, values of t + T positions
+                k, v = map(Tensor, cache.append(k.data, v.data))
         else:
             q = split_heads(self.q(x), h)                  # (B, h, T, d_k)
-            k, v = memory_kv                               # (B, h, S, d_k)
+            k, v = memory_kv                               # (M, h, S, d_k)
+            if k.shape[0] != q.shape[0]:                   # B = M * g: grouped queries
+                return self.out(merge_heads(self._grouped(q, k, v, mask)))
         y = F.attention(q, k, v, mask=mask, dropout=self.attention_dropout,
                         training=self.training)            # (B, h, T, d_k)
         return self.out(merge_heads(y))                    # (B, T, d)
+
+    def _grouped(self, q, k, v, mask) -> Tensor:
+        """Attention of queries (M*g, h, T, d_k), consecutive groups of g rows per memory row,
+        to keys and values (M, h, S, d_k): each memory row's g*T queries as one block (a
+        sentence's whole beam against its source, read once), the same numbers as repeating
+        every memory row g times."""
+        (b, h, t, d), m = q.shape, k.shape[0]
+        g = b // m
+        blocks = q.reshape(m, g, h, t, d).transpose(0, 2, 1, 3, 4).reshape(m, h, g * t, d)
+        y = F.attention(blocks, k, v, mask=mask, dropout=self.attention_dropout,
+                        training=self.training)            # (M, h, g*T, d_k)
+        return y.reshape(m, h, g, t, d).transpose(0, 2, 1, 3, 4).reshape(b, h, t, d)
 
 
 # --------------------------------------------------------------------------------------
@@ -404,32 +417,6 @@ class Decoder(nn.Module):
 # --------------------------------------------------------------------------------------
 
 @dataclass
-class DecoderState:
-    """What incremental decoding keeps between steps, for a batch of B hypotheses.
-
-    ``cross_kv[i]`` holds layer i's encoder-decoder keys and values, each (B, h, S, d_k),
-    computed once; ``caches[i]`` holds layer i's self-attention keys and values of the
-    ``length`` positions decoded so far, each (B, h, length, d_k).
-    """
-
-    src_mask: np.ndarray          # (B, 1, 1, S) bool
-    cross_kv: list                # per layer: (k, v) arrays
-    caches: list                  # per layer: {"k": array or None, "v": array or None}
-    length: int = 0
-
-    def select(self, indices) -> "DecoderState":
-        """A new state keeping batch rows ``indices`` (in that order; repeats allowed)."""
-        idx = backend.to_device(backend.to_numpy(indices), backend.device_of(self.src_mask))
-
-        def take(a):
-            return None if a is None else a[idx]
-        return DecoderState(
-            src_mask=self.src_mask[idx],
-            cross_kv=[(k[idx], v[idx]) for k, v in self.cross_kv],
-            caches=[{"k": take(c.get("k")), "v": take(c.get("v"))} for c in self.caches],
-            length=self.length)
-
-
 class Transformer(nn.Module):
     """The encoder-decoder Transformer of figure 1 with one shared embedding matrix.
 
@@ -487,8 +474,7 @@ class Transformer(nn.Module):
                 k, v = layer.cross_attn.project_kv(memory)
                 cross_kv.append((k.data, v.data))               # (B, h, S, d_k) each
         src_mask = padding_mask(_ids(src_ids, self.embed.weight.device))
-        return DecoderState(src_mask=src_mask, cross_kv=cross_kv,
-                            caches=[{"k": None, "v": None} for _ in self.decoder.layers])
+        return DecoderState(src_mask, cross_kv, [SelfAttentionCache() for _ in self.decoder.layers])
 
     def decode_step(self, tokens, state: DecoderState) -> np.ndarray:
         """Feed one token per row at position ``state.length``; return log-probs (B, V).
