@@ -452,6 +452,11 @@ def test_command_line(tmp_path, sample, monkeypatch, capsys):
     status, ids = run_cli(monkeypatch, ["encode", "--model", str(model), "--ids"], text.encode())
     assert ids.decode().split("\n")[0] == " ".join(map(str, bpe.encode(lines[0])))
     assert run_cli(monkeypatch, ["decode", "--model", str(model)], ids) == (0, text.encode())
+    # Two worker processes, many blocks: the same output, in input order.
+    many = ("\n".join(sample) + "\n").encode() * 2
+    one = run_cli(monkeypatch, ["encode", "--model", str(model)], many)
+    assert one[0] == 0 and one[1].count(b"\n") == 2 * len(sample)
+    assert run_cli(monkeypatch, ["encode", "--model", str(model), "--workers", "2"], many) == one
 
     capsys.readouterr()
     good = " ".join(bpe.encode_pieces("ok")).encode()

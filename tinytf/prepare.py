@@ -3,17 +3,15 @@
 :func:`prepare_corpus` reads the two files in lock-step chunks of whole lines
 (:func:`read_pair_chunks`; memory is bounded by the chunk size, whatever the corpus size),
 hands the chunks to ``workers`` processes that decode, check and encode them with the BPE model
-(:func:`encode_chunk`), and appends the results in file order to a
-:class:`tinytf.corpus_file.CorpusWriter`. At most two chunks per worker are in flight.
+(:func:`encode_chunk`, through :func:`tinytf.workers.ordered_map`: at most two chunks per
+worker in flight), and appends the results in file order to a
+:class:`tinytf.corpus_file.CorpusWriter`.
 
 Errors name the file and line as :func:`tinytf.data.read_parallel` does (invalid UTF-8, an
 empty file, a line without partner); nothing is left behind by a failed preparation.
 """
 from __future__ import annotations
 
-import collections
-import concurrent.futures
-import multiprocessing
 import os
 import time
 from itertools import chain, islice
@@ -24,16 +22,9 @@ from .bpe import BPE
 from .checkpoint import sha256_file
 from .corpus_file import CorpusWriter, source_identity, token_dtype
 from .data import DataError, decode_lines, unpaired
+from .workers import available_cpus, ordered_map
 
 CHUNK_BYTES = 4 << 20   # bytes of source text per chunk (the target side follows its lines)
-
-
-def default_workers() -> int:
-    """The CPUs this process may run on (its affinity mask, e.g. under mpirun's binding)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def read_pair_chunks(src_path, tgt_path, chunk_bytes=CHUNK_BYTES):
@@ -99,40 +90,12 @@ def encode_chunk(chunk, bpe, max_len, paths):
             "bytes": len(src_raw) + len(tgt_raw)}
 
 
-def encoded_chunks(chunks, bpe_path, max_len, paths, workers):
-    """``encode_chunk`` of each chunk, in order: in this process for one worker, else in
-    ``workers`` processes with at most two chunks per worker in flight. The workers are forked
-    where the platform can (as fairseq-preprocess's are): a spawned worker would import the
-    user's main script again. They touch no MPI or GPU state."""
-    if workers <= 1:
-        bpe = BPE.load(bpe_path)
-        for chunk in chunks:
-            yield encode_chunk(chunk, bpe, max_len, paths)
-        return
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with concurrent.futures.ProcessPoolExecutor(
-            workers, mp_context=context, initializer=_init_worker,
-            initargs=(bpe_path, max_len, paths)) as pool:
-        pending = collections.deque()
-        try:
-            for chunk in chunks:
-                pending.append(pool.submit(_encode_in_worker, chunk))
-                if len(pending) >= 2 * workers:
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-        finally:
-            for future in pending:
-                future.cancel()
-
-
 def prepare_corpus(src_path, tgt_path, bpe_path, out, max_len, workers=None, log=None,
                    progress_seconds=30.0, chunk_bytes=CHUNK_BYTES) -> dict:
     """Encode the pair of files with the BPE model at ``bpe_path`` into a prepared corpus at
     ``out`` (:mod:`tinytf.corpus_file`); returns its header. ``log(str)`` gets a progress line
     every ``progress_seconds`` and a summary."""
-    workers = workers or default_workers()
+    workers = workers or available_cpus()
     bpe = BPE.load(bpe_path)
     t0 = last = time.perf_counter()
     total = os.path.getsize(src_path) + os.path.getsize(tgt_path)
@@ -140,7 +103,8 @@ def prepare_corpus(src_path, tgt_path, bpe_path, out, max_len, workers=None, log
     done = 0
     chunks = read_pair_chunks(src_path, tgt_path, chunk_bytes)
     with CorpusWriter(out, len(bpe)) as writer:
-        for part in encoded_chunks(chunks, bpe_path, max_len, (src_path, tgt_path), workers):
+        for part in ordered_map(_encode_in_worker, chunks, workers, _init_worker,
+                                (bpe_path, max_len, (src_path, tgt_path))):
             writer.add(part["src"], part["src_lengths"], part["tgt"], part["tgt_lengths"],
                        part["kept"])
             for key in counts:

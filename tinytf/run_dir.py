@@ -13,8 +13,9 @@ from . import checkpoint
 from .bpe import BPE
 from .corpus_file import open_corpus, stale_reason
 from .data import DataError, check_parallel_files
-from .prepare import default_workers, prepare_corpus
+from .prepare import prepare_corpus
 from .text.learn import TextError
+from .workers import available_cpus
 from .train_config import BPE_FILE, CORPUS_DIR, TrainConfig, TrainError, apply_overrides
 from .translation import TranslationError, bpe_path_of
 
@@ -55,7 +56,7 @@ def run_bpe(cfg, comm, log, train_pair):
         if comm.is_root:
             check_parallel_files(*train_pair)   # before minutes go into learning from them
             t0 = time.perf_counter()
-            workers = cfg.workers or default_workers()
+            workers = cfg.workers or available_cpus()
             log.info(f"learning a joint BPE of {cfg.vocab_size} pieces from "
                      f"{train_pair[0]} and {train_pair[1]} ({workers} worker(s)) ...")
             try:
@@ -264,7 +265,7 @@ def prepared_corpus(cfg, comm, log, train_pair, bpe_sha: str):
     if comm.is_root:
         reason = stale_reason(path, bpe_sha, train_pair, cfg.train_max_len)
         if reason is not None:
-            workers = cfg.workers or default_workers()
+            workers = cfg.workers or available_cpus()
             log.info(f"encoding {train_pair[0]} and {train_pair[1]} into {path} "
                      f"({reason}) with {workers} worker(s) ...")
             prepare_corpus(*train_pair, os.path.join(cfg.out, BPE_FILE), path,

@@ -1,7 +1,7 @@
 """Command line: ``python -m tinytf.bpe learn|encode|decode``.
 
     python -m tinytf.bpe learn --input train.en train.de --vocab-size 8000 --output bpe.json
-    python -m tinytf.bpe encode --model bpe.json [--ids] < text > pieces
+    python -m tinytf.bpe encode --model bpe.json [--ids] [--workers N] < text > pieces
     python -m tinytf.bpe decode --model bpe.json < pieces_or_ids > text
 
 Encoding writes one line per input line: space-separated pieces (or ids with ``--ids``).
@@ -11,6 +11,8 @@ Lines are split on "\\n" only, so a "\\r" in a line round-trips like any other c
 import argparse
 import sys
 import time
+
+from tinytf.workers import ordered_map
 
 
 def _stdin_lines():
@@ -46,15 +48,26 @@ def _learn(args):
           f"{time.perf_counter() - start:.1f} s -> {args.output}", file=sys.stderr)
 
 
-def _encode(args):
+_encoder = {}
+
+
+def _load_encoder(model_path, ids):
     from tinytf.text.bpe import BPE
-    bpe = BPE.load(args.model)
-    out = sys.stdout
-    pieces = bpe.pieces
-    for batch in _batches(_stdin_lines()):
-        for ids in bpe.encode_batch(batch):
-            out.write(" ".join(map(str, ids)) if args.ids else " ".join(pieces[i] for i in ids))
-            out.write("\n")
+    _encoder.update(bpe=BPE.load(model_path), ids=ids)
+
+
+def _encode_block(lines):
+    """One block of lines encoded, as the text written for it (pieces or ids, one line each)."""
+    bpe, pieces = _encoder["bpe"], _encoder["bpe"].pieces
+    return "".join((" ".join(map(str, ids)) if _encoder["ids"] else
+                    " ".join(pieces[i] for i in ids)) + "\n"
+                   for ids in bpe.encode_batch(lines))
+
+
+def _encode(args):
+    for text in ordered_map(_encode_block, _batches(_stdin_lines()), args.workers,
+                            _load_encoder, (args.model, args.ids)):
+        sys.stdout.write(text)
 
 
 def _decode(args):
@@ -93,6 +106,9 @@ def build_parser():
     p = sub.add_parser("encode", help="text on stdin -> pieces (or ids) on stdout")
     p.add_argument("--model", required=True)
     p.add_argument("--ids", action="store_true", help="write ids instead of pieces")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes encoding blocks of 1,000 lines, output in input order "
+                        "(default: 1)")
     p.set_defaults(run=_encode)
     p = sub.add_parser("decode", help="pieces or ids on stdin -> text on stdout")
     p.add_argument("--model", required=True)

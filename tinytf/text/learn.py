@@ -19,13 +19,12 @@ right piece, sorts first (Python string order). The same input always gives the 
 A pair whose merged string already is a piece (possible only in odd cases) is never merged, so
 every merge makes a new piece and pieces stay unique.
 """
-import concurrent.futures
 import heapq
-import multiprocessing
 import os
 from collections import Counter, defaultdict
 
 from tinytf.text.pretokenize import LINE_START, PRETOKEN, can_be_piece, initial_units, show
+from tinytf.workers import ordered_map
 
 class TextError(ValueError):
     """A text file to learn from is unusable; the message names the file and the line."""
@@ -130,11 +129,8 @@ def count_words(inputs, workers=1):
     if paths is not None and workers > 1:
         jobs = [(path, start, end) for path in paths
                 for start, end in line_ranges(path, 4 * workers)]
-        methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-            for part in pool.map(_count_range, jobs):
-                counter.update(part)
+        for part in ordered_map(_count_range, jobs, workers):
+            counter.update(part)
     elif paths is not None:
         for path in paths:
             count_words_in_file(path, counter)
