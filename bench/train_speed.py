@@ -7,7 +7,8 @@ bench/torch_transformer.py, same weights) on the same batches, in the same proce
 same number of threads (``--threads``, default 2, set before NumPy and torch load their BLAS).
 Timed steps alternate between the two in rounds, so load on a shared machine hits both alike;
 the figure is the median step time. The batch is ``--tokens`` target tokens (default 4096)
-as sentences of ``--length`` tokens (default 25: 163 sentences), random ids over
+as sentences of ``--length`` tokens (default 25: 163 sentences; ``--length 25,64,128`` gives
+a row per length, short and long sentences), random ids over
 ``--vocab`` (8000, the BPE default), or with ``--corpus`` the shipped data/ende sentences
 (word-level ids, length-sorted batches of ~``--tokens`` padded tokens).
 
@@ -32,7 +33,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--configs", default="tiny,small", help="comma-separated presets")
     p.add_argument("--tokens", type=int, default=4096, help="target tokens per batch")
-    p.add_argument("--length", type=int, default=25, help="sentence length (synthetic batches)")
+    p.add_argument("--length", default="25",
+                   help="sentence length of the synthetic batches; comma-separated for one "
+                        "row per length, e.g. 25,64,128 (short and long sentences)")
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--corpus", action="store_true", help="batches from data/ende")
     p.add_argument("--threads", type=int, default=2)
@@ -378,17 +381,19 @@ def main():
     print(f"# threads {ARGS.threads}; numpy {np.__version__} ({blas_info()}); "
           f"torch {torch.__version__ if torch else 'absent'}; "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
-    if ARGS.corpus:
-        batches = corpus_batches(ARGS.tokens, ARGS.vocab)
-    else:
-        rng = np.random.default_rng(0)
-        batches = [synthetic_batch(rng, ARGS.tokens, ARGS.length, ARGS.vocab) for _ in range(4)]
     import json
-    for name in ARGS.configs.split(","):
-        r = bench_config(name.strip(), batches)
-        report(r)
-        if ARGS.json:
-            print(json.dumps(r))
+    lengths = [None] if ARGS.corpus else [int(n) for n in ARGS.length.split(",")]
+    for length in lengths:
+        if ARGS.corpus:
+            batches = corpus_batches(ARGS.tokens, ARGS.vocab)
+        else:
+            rng = np.random.default_rng(0)
+            batches = [synthetic_batch(rng, ARGS.tokens, length, ARGS.vocab) for _ in range(4)]
+        for name in ARGS.configs.split(","):
+            r = bench_config(name.strip(), batches)
+            report(r)
+            if ARGS.json:
+                print(json.dumps(r))
 
 
 if __name__ == "__main__":
