@@ -200,6 +200,7 @@ def learn_bpe(inputs, vocab_size, min_frequency, first_id, workers=1):
         elif len(ids) > 1:
             words.append(ids)
             freqs.append(count)
+    del word_counts, word_units, unit_counts   # the merge loop needs only words and freqs
     alphabet = pieces[first_id:]
     piece_ids = {p: i for i, p in enumerate(pieces) if p is not None}
     merges = learn_merges(words, freqs, pieces, piece_ids, vocab_size, min_frequency)
