@@ -122,6 +122,11 @@ def test_stale_and_foreign_corpora_are_recognised(bpe_path, tmp_path):
     assert stale_reason(out, sha, pair, 128) == "not prepared yet"
     prepare_corpus(*pair, bpe_path, out, 128, workers=1)
     assert stale_reason(out, sha, pair, 128) is None
+    # Touched, not changed (another node's copy): stale by mtime, the same by content.
+    os.utime(pair[0], ns=(0, os.stat(pair[0]).st_mtime_ns + 10**9))
+    assert "train.en changed" in stale_reason(out, sha, pair, 128)
+    assert stale_reason(out, sha, pair, 128, check_mtime=False) is None
+    prepare_corpus(*pair, bpe_path, out, 128, workers=1)
     assert stale_reason(out, "0" * 64, pair, 128) == "encoded with another BPE model"
     assert "max_len 128" in stale_reason(out, sha, pair, 64)
     # The same size, one letter changed in the middle: the modification time tells.

@@ -131,9 +131,11 @@ def read_header(path) -> dict | None:
     return header if isinstance(header, dict) else None
 
 
-def stale_reason(path, bpe_sha256: str, sources, max_len) -> str | None:
+def stale_reason(path, bpe_sha256: str, sources, max_len, check_mtime=True) -> str | None:
     """Why the corpus at ``path`` is not the encoding of ``sources`` (two file paths) by the
-    BPE model ``bpe_sha256`` with ``max_len``; ``None`` when it is and its files are whole."""
+    BPE model ``bpe_sha256`` with ``max_len``; ``None`` when it is and its files are whole.
+    ``check_mtime=False`` compares the sources' sizes and head/tail hashes only (another
+    node's copy of the same files)."""
     header = read_header(path)
     if header is None:
         return "no readable header" if os.path.isdir(path) else "not prepared yet"
@@ -147,7 +149,9 @@ def stale_reason(path, bpe_sha256: str, sources, max_len) -> str | None:
     recorded = header.get("sources") or [{}, {}]
     for src, now in zip(recorded, sources):
         mine = source_identity(now)
-        for key in ("size", "mtime_ns", "head_tail_sha256"):
+        keys = ("size", "mtime_ns", "head_tail_sha256") if check_mtime else (
+            "size", "head_tail_sha256")
+        for key in keys:
             if src.get(key) != mine[key]:
                 return f"{now} changed since it was prepared ({key.replace('_', ' ')} differs)"
     try:

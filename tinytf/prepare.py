@@ -20,7 +20,7 @@ import numpy as np
 
 from .bpe import BPE
 from .checkpoint import sha256_file
-from .corpus_file import CorpusWriter, source_identity, token_dtype
+from .corpus_file import CorpusWriter, read_header, source_identity, token_dtype
 from .data import DataError, decode_lines, unpaired
 from .workers import available_cpus, ordered_map
 
@@ -127,7 +127,7 @@ def prepare_corpus(src_path, tgt_path, bpe_path, out, max_len, workers=None, log
             f"{counts['skipped_empty']:,} with an empty side skipped), "
             f"{writer.tokens['src'] + writer.tokens['tgt']:,} tokens, {total / 1e6:,.0f} MB of "
             f"text in {_elapsed(time.perf_counter() - t0)} with {workers} worker(s)")
-    return dict(header, pairs=writer.pairs)
+    return read_header(out)
 
 
 def _elapsed(seconds: float) -> str:

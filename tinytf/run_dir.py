@@ -15,9 +15,9 @@ from .corpus_file import open_corpus, stale_reason
 from .data import DataError, check_parallel_files
 from .prepare import prepare_corpus
 from .text.learn import TextError
-from .workers import available_cpus
 from .train_config import BPE_FILE, CORPUS_DIR, TrainConfig, TrainError, apply_overrides
 from .translation import TranslationError, bpe_path_of
+from .workers import available_cpus
 
 
 def data_paths(cfg) -> dict:
@@ -271,8 +271,8 @@ def prepared_corpus(cfg, comm, log, train_pair, bpe_sha: str):
             prepare_corpus(*train_pair, os.path.join(cfg.out, BPE_FILE), path,
                            cfg.train_max_len, workers=workers, log=log.info)
     comm.barrier()
-    if not comm.is_root:
-        reason = stale_reason(path, bpe_sha, train_pair, cfg.train_max_len)
+    if not comm.is_root:   # sizes and contents; a node's own copy may have another mtime
+        reason = stale_reason(path, bpe_sha, train_pair, cfg.train_max_len, check_mtime=False)
         if reason is not None:
             raise TrainError(f"rank {comm.rank}: the training corpus {train_pair[0]} / "
                              f"{train_pair[1]} is not the one rank 0 prepared in {path} "
