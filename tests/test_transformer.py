@@ -371,6 +371,14 @@ def test_decoder_state_select_reorders_rows():
         state = state.select([1])
         logp = model.decode_step(tokens[order][1:2, 3], state)
         np.testing.assert_allclose(logp, full[1:2, 3], rtol=1e-5, atol=1e-5)
+        # more rows than the caches hold after some steps: they grow, keeping the rows
+        wide = np.array([2, 2, 0, 1, 0])
+        full = model.decode(tokens[wide], model.encode(src[wide]), src[wide])
+        state = model.start_decoding(memory, src)
+        model.decode_step(tokens[:, 0], state)
+        state = state.select(wide)
+        logp = model.decode_step(tokens[wide, 1], state)
+        np.testing.assert_allclose(logp, full.log_softmax(-1).data[:, 1], rtol=1e-5, atol=1e-5)
 
 
 def test_grouped_hypotheses_share_their_sentence_memory():

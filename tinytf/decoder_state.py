@@ -70,15 +70,8 @@ class SelfAttentionCache:
             return
         t = self.length
         xp = backend.get_array_module(self.k)
-        if n > self.k.shape[0]:    # more rows than the buffers hold: gather into new ones
-            idx = xp.asarray(rows)
-            for name in ("k", "v"):
-                old = getattr(self, name)
-                new = xp.empty((n,) + old.shape[1:], old.dtype)
-                new[:, :, :t] = old[idx, :, :t]
-                setattr(self, name, new)
-            self.rows = n
-            return
+        if n > self.k.shape[0]:    # more rows than the buffers hold (the first rows kept)
+            self._grow(n, self.k.shape[2], self.k)
         moved = np.flatnonzero(rows != np.arange(n))  # rows whose content changes
         if len(moved):
             src, dst = xp.asarray(rows[moved]), xp.asarray(moved)

@@ -278,10 +278,11 @@ class MultiHeadAttention(nn.Module):
         else:
             q = split_heads(self.q(x), h)                  # (B, h, T, d_k)
             k, v = memory_kv                               # (M, h, S, d_k)
-            if k.shape[0] != q.shape[0]:                   # B = M * g: grouped queries
-                return self.out(merge_heads(self._grouped(q, k, v, mask)))
-        y = F.attention(q, k, v, mask=mask, dropout=self.attention_dropout,
-                        training=self.training)            # (B, h, T, d_k)
+        if k.shape[0] != q.shape[0]:                       # B = M * g: grouped queries
+            y = self._grouped(q, k, v, mask)
+        else:
+            y = F.attention(q, k, v, mask=mask, dropout=self.attention_dropout,
+                            training=self.training)        # (B, h, T, d_k)
         return self.out(merge_heads(y))                    # (B, T, d)
 
     def _grouped(self, q, k, v, mask) -> Tensor:
