@@ -22,6 +22,7 @@ from .bpe import BPE
 from .checkpoint import sha256_file
 from .corpus_file import CorpusWriter, read_header, source_identity, token_dtype
 from .data import DataError, decode_lines, unpaired
+from .train_log import format_seconds
 from .workers import available_cpus, ordered_map
 
 CHUNK_BYTES = 4 << 20   # bytes of source text per chunk (the target side follows its lines)
@@ -55,12 +56,15 @@ _worker = {}
 
 
 def _init_worker(bpe_path, max_len, paths):
-    """Load the BPE model once per worker process."""
-    _worker.update(bpe=BPE.load(bpe_path), max_len=max_len, paths=paths)
+    """The BPE model of each worker process: loaded once, unless it holds it already (this
+    process with one worker, or a forked worker that inherited it)."""
+    if _worker.get("bpe_path") != bpe_path:
+        _worker.update(bpe=BPE.load(bpe_path), bpe_path=bpe_path)
+    _worker.update(max_len=max_len, paths=paths)
 
 
 def _encode_in_worker(chunk):
-    return encode_chunk(chunk, **_worker)
+    return encode_chunk(chunk, _worker["bpe"], _worker["max_len"], _worker["paths"])
 
 
 def encode_chunk(chunk, bpe, max_len, paths):
@@ -96,7 +100,9 @@ def prepare_corpus(src_path, tgt_path, bpe_path, out, max_len, workers=None, log
     ``out`` (:mod:`tinytf.corpus_file`); returns its header. ``log(str)`` gets a progress line
     every ``progress_seconds`` and a summary."""
     workers = workers or available_cpus()
-    bpe = BPE.load(bpe_path)
+    _worker.clear()
+    _init_worker(bpe_path, max_len, (src_path, tgt_path))   # forked workers inherit it
+    bpe = _worker["bpe"]
     t0 = last = time.perf_counter()
     total = os.path.getsize(src_path) + os.path.getsize(tgt_path)
     counts = {"lines": 0, "skipped_long": 0, "skipped_empty": 0}
@@ -115,8 +121,8 @@ def prepare_corpus(src_path, tgt_path, bpe_path, out, max_len, workers=None, log
                 last = now
                 rate = done / (now - t0)
                 log(f"prepare: {counts['lines']:,} lines ({done / total:.0%}), "
-                    f"{rate / 1e6:.1f} MB/s, {_elapsed(now - t0)} elapsed, "
-                    f"{_elapsed((total - done) / rate)} to go")
+                    f"{rate / 1e6:.1f} MB/s, {format_seconds(now - t0)} elapsed, "
+                    f"{format_seconds((total - done) / rate)} to go")
         header = {"bpe_sha256": sha256_file(bpe_path), "max_len": max_len,
                   "sources": [source_identity(src_path), source_identity(tgt_path)],
                   "workers": workers, "seconds": round(time.perf_counter() - t0, 2), **counts}
@@ -126,10 +132,5 @@ def prepare_corpus(src_path, tgt_path, bpe_path, out, max_len, workers=None, log
             f"({counts['skipped_long']:,} longer than {max_len} tokens, "
             f"{counts['skipped_empty']:,} with an empty side skipped), "
             f"{writer.tokens['src'] + writer.tokens['tgt']:,} tokens, {total / 1e6:,.0f} MB of "
-            f"text in {_elapsed(time.perf_counter() - t0)} with {workers} worker(s)")
+            f"text in {format_seconds(time.perf_counter() - t0)} with {workers} worker(s)")
     return read_header(out)
-
-
-def _elapsed(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
