@@ -45,9 +45,12 @@ def parse_args(argv=None):
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--torch-attention", choices=["sdpa", "explicit"], default="sdpa")
     p.add_argument("--dropout", type=float, default=None, help="override the preset's")
-    p.add_argument("--profile-steps", type=int, default=3, help="instrumented tinytf steps")
+    p.add_argument("--profile-steps", type=int, default=3,
+                   help="instrumented tinytf steps (0: no per-op breakdown)")
     p.add_argument("--torch-profile", action="store_true",
                    help="also print PyTorch's own op breakdown (torch.profiler)")
+    p.add_argument("--one-thread-rows", action="store_true",
+                   help="also time tinytf with its row-parallel ops on one thread, alternately")
     p.add_argument("--json", action="store_true", help="also print one JSON line per config")
     return p.parse_args(argv)
 
@@ -55,6 +58,7 @@ def parse_args(argv=None):
 ARGS = parse_args()
 for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = str(ARGS.threads)   # must precede the BLAS libraries' loading
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # as importing tinytf first sets it
 
 import numpy as np  # noqa: E402
 
@@ -63,6 +67,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import tinytf  # noqa: E402
 from tinytf import fast, ops, optim  # noqa: E402
 from tinytf.dispatch import impl  # noqa: E402
+from tinytf.fast import threads as fast_threads  # noqa: E402
 from tinytf.transformer import (PAD_ID, Transformer, TransformerConfig,  # noqa: E402
                                 label_smoothed_loss)
 
@@ -316,20 +321,28 @@ def bench_config(name, batches):
         tf_step()
         if t_model is not None:
             th_step()
-    tf_times, th_times, tokens = [], [], 0
+    tf_times, th_times, one_times, tokens = [], [], [], 0
     for _ in range(ARGS.rounds):
         s, tokens = timed(tf_step, ARGS.steps)
         tf_times.append(s)
         if t_model is not None:
             th_times.append(timed(th_step, ARGS.steps)[0])
+        if ARGS.one_thread_rows:
+            fast_threads.set_threads(1)
+            one_times.append(timed(tf_step, ARGS.steps)[0])
+            fast_threads.set_threads(None)
     tf_s = statistics.median(tf_times)
     results.update(tokens=tokens, tinytf_step_s=tf_s, tinytf_tok_s=tokens / tf_s)
+    if one_times:
+        results.update(one_thread_rows_step_s=statistics.median(one_times))
     if th_times:
         th_s = statistics.median(th_times)
         results.update(torch_step_s=th_s, torch_tok_s=tokens / th_s, ratio=th_s / tf_s)
 
     # instrumented steps: per-op times and the GEMMs replayed alone (per-step averages)
     k = ARGS.profile_steps
+    if k <= 0:
+        return results
     with OpTimer() as timer:
         t = time.perf_counter()
         for _ in range(k):
@@ -353,10 +366,17 @@ def report(r):
     line = (f"tinytf   {r['tinytf_step_s'] * 1e3:8.1f} ms/step  "
             f"{r['tinytf_tok_s']:8.0f} target tok/s")
     print(line)
+    if "one_thread_rows_step_s" in r:
+        one = r["one_thread_rows_step_s"]
+        print(f"tinytf   {one * 1e3:8.1f} ms/step  with its row ops on one thread "
+              f"(tinytf.fast.threads): the {fast_threads.threads()} threads are "
+              f"{one / r['tinytf_step_s']:.2f}x faster")
     if "torch_step_s" in r:
         print(f"pytorch  {r['torch_step_s'] * 1e3:8.1f} ms/step  {r['torch_tok_s']:8.0f} "
               f"target tok/s  ({ARGS.torch_attention} attention)")
         print(f"ratio tinytf/pytorch speed: {r['ratio']:.2f}x")
+    if "ops" not in r:   # --profile-steps 0
+        return
     print(f"instrumented step {r['profiled_step_s'] * 1e3:.1f} ms: GEMMs alone "
           f"{r['gemm_s'] * 1e3:.1f} ms = {100 * r['gemm_share']:.0f}% "
           f"({r['gemm_gflop']:.1f} GFLOP at {r['gemm_gflops']:.0f} GFLOP/s); "

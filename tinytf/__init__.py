@@ -6,11 +6,21 @@ reference ops), :mod:`tinytf.functional` (``F``), :mod:`tinytf.nn` (modules),
 (NumPy or CuPy), :mod:`tinytf.fast` (the faster variants of the ops, on by default;
 ``TINYTF_FAST=0`` runs the reference ops). docs/architecture.md has the layers.
 """
-from . import backend, ops  # noqa: I001 - ops first: importing it fills the op table
-from . import fast, functional, nn, optim
-from .backend import manual_seed
-from .functional import cat, split, stack, where
-from .tensor import Function, Tensor, is_grad_enabled, no_grad, tensor
+import os as _os
+import sys as _sys
+
+if "numpy" not in _sys.modules:
+    # OpenBLAS's idle threads spin for 2^28 cycles after each product before they sleep,
+    # taking a core from the row-parallel threads of tinytf.fast.threads; 2^4 lets them
+    # sleep at once (docs/architecture.md, "Both cores"). Read when NumPy loads OpenBLAS, so only
+    # if NumPy is not loaded yet, and never over the user's own setting.
+    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+from . import backend, ops  # noqa: I001,E402 - ops first: importing it fills the op table
+from . import fast, functional, nn, optim  # noqa: E402
+from .backend import manual_seed  # noqa: E402
+from .functional import cat, split, stack, where  # noqa: E402
+from .tensor import Function, Tensor, is_grad_enabled, no_grad, tensor  # noqa: E402
 
 __version__ = "0.1.0"
 

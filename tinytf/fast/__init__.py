@@ -9,21 +9,28 @@ and falls back to its parent where it does not apply (a CUDA kernel on NumPy arr
 reference op       runs instead         what is faster
 =================  ===================  =====================================================
 ``CrossEntropy``   ``FusedCrossEntropy``  GPU: one kernel; CPU: ``BlockedCrossEntropy``, a
-                                        cache-blocked loop in one reused (N, V) buffer
+                                        cache-blocked loop in one reused (N, V) buffer,
+                                        its blocks in threads
 ``Embedding``      ``FlatIndexEmbedding``  CPU backward: ``add.at`` with flat indices (~3x)
 ``Softmax``,       ``FusedSoftmax``,     GPU: one launch forward, one backward
 ``LogSoftmax``     ``FusedLogSoftmax``
-``LayerNorm``      ``FusedLayerNorm``    GPU: one launch each way (+ column sums)
+``LayerNorm``      ``FusedLayerNorm``    GPU: one launch each way (+ column sums); CPU:
+                                        rows in threads
 ``Dropout``,       ``FusedDropout``,     GPU: random numbers, mask, product (and the
-``DropoutAdd``     ``FusedDropoutAdd``   residual sum) in one launch
+``DropoutAdd``     ``FusedDropoutAdd``   residual sum) in one launch; CPU (DropoutAdd):
+                                        mask, product and sum by rows in threads
 ``ReLU``           ``FusedReLU``         GPU: one launch each way
 ``MatMul``         ``CublasMatMul``      GPU: one cuBLAS call per product (tensor cores)
 ``Attention``      ``FusedAttention``    GPU: cuBLAS with the 1/sqrt(d) as alpha, masked
-                                        softmax and its backward in one launch each
+                                        softmax and its backward in one launch each;
+                                        CPU: that softmax and backward by rows in threads
 ``Linear``         ``FusedLinear``       GPU: cuBLAS, bias (+ReLU) in one launch; a compute
-                                        dtype under ``amp.autocast`` (no cast nodes)
+                                        dtype under ``amp.autocast`` (no cast nodes);
+                                        CPU: the bias/ReLU pass by rows in threads
 =================  ===================  =====================================================
 
+The CPU's "in threads" is :mod:`tinytf.fast.threads` (``TINYTF_THREADS``), bitwise equal
+to one thread; ``FusedAdam`` updates the CPU's flat buffers the same way.
 ``TINYTF_FAST=0`` in the environment, or :func:`set_enabled` (False), runs the reference
 ops everywhere; ``tests/test_fast.py`` proves a whole Transformer step equal either way.
 The other fast paths, outside the op table: :mod:`tinytf.kernels` (the CUDA source and its

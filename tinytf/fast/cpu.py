@@ -1,12 +1,18 @@
-"""Faster CPU versions of two reference ops, each a subclass named against the one it replaces.
+"""Faster CPU versions of reference ops, each a subclass named against the one it replaces.
 
 - :class:`BlockedCrossEntropy` replaces :class:`tinytf.ops.loss.CrossEntropy`: the same
   loss and gradient computed in one (N, V) buffer, 64 rows at a time so that its passes
   stay in cache, and that buffer reused by the next step's forward.
 - :class:`FlatIndexEmbedding` replaces :class:`tinytf.ops.embedding.Embedding`'s backward:
   NumPy's ``add.at`` with flat element indices instead of row indices, ~3x faster.
+- The row-parallel variants of :class:`~tinytf.ops.norm.LayerNorm`,
+  :class:`~tinytf.ops.dropout.DropoutAdd`, :class:`~tinytf.ops.attention.Attention` (its
+  masked softmax and that softmax's backward) and :class:`~tinytf.ops.matmul.Linear` (its
+  bias and ReLU passes) run the reference's own NumPy calls on ranges of rows in threads
+  (:mod:`tinytf.fast.threads`); ``BlockedCrossEntropy`` hands its blocks out the same way.
 
-Both agree with their reference to float32 rounding (tests/test_fast.py).
+The first two agree with their reference to float32 rounding, the row-parallel ones bitwise
+(tests/test_fast.py, tests/test_threads.py).
 """
 from __future__ import annotations
 
@@ -14,9 +20,15 @@ import sys
 
 import numpy as np
 
+from .. import backend
 from ..backend import get_array_module, scatter_add
+from ..ops.attention import Attention
+from ..ops.dropout import DropoutAdd
 from ..ops.embedding import Embedding
 from ..ops.loss import CrossEntropy
+from ..ops.matmul import Linear
+from ..ops.norm import LayerNorm
+from .threads import parallel_rows
 
 
 class BlockedCrossEntropy(CrossEntropy):
@@ -54,28 +66,37 @@ class BlockedCrossEntropy(CrossEntropy):
         n, v = logits.shape
         eps = float(label_smoothing)
         safe_target, weights = self.targets(target, ignore_index, logits.dtype)
-        rows = xp.arange(n)
+        rows = xp.arange(min(n, self.ROWS_PER_BLOCK))
         grad = self._buffer_like(logits)
         loss = xp.empty(n, dtype=logits.dtype)
-        for lo in range(0, n, self.ROWS_PER_BLOCK):
-            hi = min(lo + self.ROWS_PER_BLOCK, n)
-            r, t = rows[:hi - lo], safe_target[lo:hi]
-            buf = grad[lo:hi]
-            xp.subtract(logits[lo:hi], logits[lo:hi].max(axis=1, keepdims=True), out=buf)
-            z_target = buf[r, t]
-            z_sum = buf.sum(axis=1) if eps else None
-            xp.exp(buf, out=buf)
-            total = buf.sum(axis=1, keepdims=True)
-            lse = xp.log(total[:, 0])
-            block_loss = (lse - z_target) * (1.0 - eps)
-            if eps:
-                block_loss += (lse - z_sum * (1.0 / v)) * eps
-            loss[lo:hi] = block_loss
-            # buf becomes d(loss_i)/d(logits_i) = softmax - smoothed one-hot.
-            buf *= 1.0 / total
-            if eps:
-                buf -= eps / v
-            buf[r, t] -= 1.0 - eps
+
+        def blocks(first, last):   # blocks first..last-1 of ROWS_PER_BLOCK rows
+            for lo in range(first * self.ROWS_PER_BLOCK, min(last * self.ROWS_PER_BLOCK, n),
+                            self.ROWS_PER_BLOCK):
+                hi = min(lo + self.ROWS_PER_BLOCK, n)
+                r, t = rows[:hi - lo], safe_target[lo:hi]
+                buf = grad[lo:hi]
+                xp.subtract(logits[lo:hi], logits[lo:hi].max(axis=1, keepdims=True), out=buf)
+                z_target = buf[r, t]
+                z_sum = buf.sum(axis=1) if eps else None
+                xp.exp(buf, out=buf)
+                total = buf.sum(axis=1, keepdims=True)
+                lse = xp.log(total[:, 0])
+                block_loss = (lse - z_target) * (1.0 - eps)
+                if eps:
+                    block_loss += (lse - z_sum * (1.0 / v)) * eps
+                loss[lo:hi] = block_loss
+                # buf becomes d(loss_i)/d(logits_i) = softmax - smoothed one-hot.
+                buf *= 1.0 / total
+                if eps:
+                    buf -= eps / v
+                buf[r, t] -= 1.0 - eps
+
+        n_blocks = -(-n // self.ROWS_PER_BLOCK)
+        if xp is np:
+            parallel_rows(blocks, n_blocks, self.ROWS_PER_BLOCK * v)
+        else:
+            blocks(0, n_blocks)
         loss *= weights
         return self.reduce(loss, grad, weights, reduction)
 
@@ -83,9 +104,14 @@ class BlockedCrossEntropy(CrossEntropy):
         # The node is freed after this single backward, so its buffer is scaled in place
         # instead of allocating another (N, V) array, and kept for the next forward.
         probs, self.probs = self.probs, None
-        probs *= self.row_scale(grad).astype(probs.dtype, copy=False)[:, None]
+        scale = self.row_scale(grad).astype(probs.dtype, copy=False)[:, None]
         if get_array_module(probs) is np:  # (CuPy keeps freed memory in its own pool)
+            def scale_rows(lo, hi):
+                probs[lo:hi] *= scale[lo:hi]
+            parallel_rows(scale_rows, probs.shape[0], probs.shape[1])
             BlockedCrossEntropy._spare = probs
+        else:
+            probs *= scale
         return probs, None
 
 
@@ -105,3 +131,200 @@ class FlatIndexEmbedding(Embedding):
         gw = np.zeros(v * d, dtype=grad.dtype)
         scatter_add(gw, flat, grad.reshape(-1))
         return gw.reshape(v, d), None
+
+
+# --------------------------------------------------------------------------------------
+# Row-parallel variants: the reference's own NumPy calls, on ranges of rows in threads
+# (tinytf.fast.threads), so each is bitwise equal to its reference with any thread count.
+# They take NumPy float32/float64 arrays; anything else runs the reference.
+# --------------------------------------------------------------------------------------
+
+def _rows_of(*arrays):
+    """True if every array is a NumPy array of one float dtype (the row-parallel case)."""
+    dtypes = {a.dtype for a in arrays if a is not None}
+    return len(dtypes) == 1 and dtypes <= {np.dtype(np.float32), np.dtype(np.float64)} and \
+        all(type(a) is np.ndarray for a in arrays if a is not None)
+
+
+class RowParallelLayerNorm(LayerNorm):
+    """:class:`LayerNorm` with the per-row statistics, normalisation and input gradient
+    computed by range of rows in threads; the parameter gradients' column sums stay whole."""
+
+    def forward(self, x, weight=None, bias=None, eps=1e-5):
+        if not _rows_of(x, weight, bias):
+            return super().forward(x, weight, bias, eps)
+        d = x.shape[-1]
+        x2 = x.reshape(-1, d)
+        x_hat = np.empty(x2.shape, x.dtype)
+        rstd = np.empty((x2.shape[0], 1), x.dtype)
+        out = np.empty(x2.shape, x.dtype)
+
+        def rows(lo, hi):
+            xs, xh = x2[lo:hi], x_hat[lo:hi]
+            np.subtract(xs, xs.mean(axis=-1, keepdims=True), out=xh)
+            var = np.einsum("...i,...i->...", xh, xh)[..., None]
+            r = rstd[lo:hi]
+            r[...] = 1.0 / np.sqrt(var * (1.0 / d) + eps)
+            xh *= r
+            if weight is not None:
+                np.multiply(xh, weight, out=out[lo:hi])
+            else:
+                out[lo:hi] = xh
+            if bias is not None:
+                out[lo:hi] += bias
+
+        parallel_rows(rows, x2.shape[0], d)
+        self.save_for_backward(x_hat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1), weight)
+        return out.reshape(x.shape)
+
+    def backward(self, grad):
+        x_hat, rstd, weight = self.saved
+        if not (self.needs_input_grad[0] and _rows_of(grad, x_hat, weight)):
+            return super().backward(grad)
+        d = x_hat.shape[-1]
+        g2, x_hat2, rstd2 = grad.reshape(-1, d), x_hat.reshape(-1, d), rstd.reshape(-1, 1)
+        gx = np.empty(g2.shape, grad.dtype)
+
+        def rows(lo, hi):
+            dx_hat = g2[lo:hi] * weight if weight is not None else g2[lo:hi]
+            mean_dx_hat = dx_hat.mean(axis=-1, keepdims=True)
+            mean_dot = np.einsum("...i,...i->...", dx_hat, x_hat2[lo:hi])[..., None] * (1.0 / d)
+            out = gx[lo:hi]
+            np.multiply(x_hat2[lo:hi], mean_dot, out=out)
+            np.subtract(dx_hat, out, out=out)
+            out -= mean_dx_hat
+            out *= rstd2[lo:hi]
+
+        parallel_rows(rows, g2.shape[0], d)
+        result = [gx.reshape(grad.shape)]
+        if len(self.inputs) > 1:
+            result.append(np.einsum("ij,ij->j", g2, x_hat2) if self.needs_input_grad[1]
+                          else None)
+        if len(self.inputs) > 2:
+            result.append(g2.sum(axis=0) if self.needs_input_grad[2] else None)
+        return tuple(result)
+
+
+class RowParallelDropoutAdd(DropoutAdd):
+    """:class:`DropoutAdd` with the mask, product and sum by range of rows in threads. The
+    uniform numbers are drawn in one call, as the reference draws them (same stream)."""
+
+    def forward(self, x, residual, p):
+        if not (_rows_of(x, residual) and x.shape == residual.shape and x.ndim):
+            return super().forward(x, residual, p)
+        uniform = backend.rng(np).random(x.shape, dtype=np.float32)
+        d = x.shape[-1]
+        x2, r2, u2 = x.reshape(-1, d), residual.reshape(-1, d), uniform.reshape(-1, d)
+        mask, out = np.empty(x2.shape, x.dtype), np.empty(x2.shape, x.dtype)
+
+        def rows(lo, hi):
+            m = mask[lo:hi]
+            m[...] = u2[lo:hi] >= p          # keep_mask's steps, on these rows
+            m *= 1.0 / (1.0 - p)
+            o = out[lo:hi]
+            np.multiply(x2[lo:hi], m, out=o)
+            o += r2[lo:hi]
+
+        parallel_rows(rows, x2.shape[0], d)
+        self.mask = mask.reshape(x.shape)
+        return out.reshape(x.shape)
+
+    def dropped_grad(self, grad):
+        if not _rows_of(grad, self.mask) or grad.shape != self.mask.shape or not grad.ndim:
+            return super().dropped_grad(grad)
+        d = grad.shape[-1]
+        g2, m2 = grad.reshape(-1, d), self.mask.reshape(-1, d)
+        out = np.empty(g2.shape, grad.dtype)
+
+        def rows(lo, hi):
+            np.multiply(g2[lo:hi], m2[lo:hi], out=out[lo:hi])
+
+        parallel_rows(rows, g2.shape[0], d)
+        return out.reshape(grad.shape)
+
+
+class RowParallelAttention(Attention):
+    """:class:`Attention` with the scores' scaling, mask and softmax, and the softmax's
+    backward, by range of the leading (batch) axis in threads; the products stay single
+    BLAS calls over all of it (BLAS already uses every core)."""
+
+    def _mask_rows(self, scores):
+        """``mask_rows(lo, hi)``: the mask for scores[lo:hi], or None if it cannot be cut."""
+        mask = self.mask
+        if mask is None:
+            return lambda lo, hi: None
+        if mask.ndim < scores.ndim or mask.shape[0] == 1:
+            return lambda lo, hi: mask
+        if mask.shape[0] == scores.shape[0]:
+            return lambda lo, hi: mask[lo:hi]
+        return None
+
+    def weights_of(self, q, k, mask):
+        self.mask = mask
+        if not _rows_of(q, k) or q.ndim < 3:
+            return super().weights_of(q, k, mask)
+        scores = q @ k.swapaxes(-1, -2)
+        mask_rows = self._mask_rows(scores)
+        if mask_rows is None or scores.dtype != q.dtype:
+            return super().weights_of(q, k, mask)
+        lowest = np.asarray(backend.finfo(scores.dtype).min, dtype=scores.dtype)
+        scale = self.scale
+
+        def rows(lo, hi):   # attention_weights and softmax, in place on these rows
+            s = scores[lo:hi]
+            if scale != 1.0:
+                s *= scale
+            m = mask_rows(lo, hi)
+            if m is not None:
+                np.copyto(s, lowest, where=~m)
+            s -= s.max(axis=-1, keepdims=True)
+            np.exp(s, out=s)
+            s /= s.sum(axis=-1, keepdims=True)
+
+        parallel_rows(rows, scores.shape[0], scores[0].size)
+        return scores
+
+    def scores_grad(self, weights, dp):
+        mask_rows = self._mask_rows(weights)
+        if not _rows_of(weights, dp) or weights.ndim < 3 or mask_rows is None or \
+                dp.shape != weights.shape:
+            return super().scores_grad(weights, dp)
+
+        def rows(lo, hi):   # Attention.scores_grad on these rows
+            ds, w = dp[lo:hi], weights[lo:hi]
+            ds -= (ds * w).sum(axis=-1, keepdims=True)
+            ds *= w
+            m = mask_rows(lo, hi)
+            if m is not None:
+                ds *= m
+
+        parallel_rows(rows, dp.shape[0], dp[0].size)
+        return dp
+
+
+class RowParallelLinear(Linear):
+    """:class:`Linear` with the bias (and ReLU) pass and the ReLU's backward by range of
+    rows in threads; the products are single BLAS calls."""
+
+    def add_bias(self, out, bias, relu: bool) -> None:
+        if bias is None and not relu:
+            return
+        if not _rows_of(out, bias) or out.ndim != 2:
+            return super().add_bias(out, bias, relu)
+        parent = super()
+
+        def rows(lo, hi):
+            parent.add_bias(out[lo:hi], bias, relu)
+
+        parallel_rows(rows, out.shape[0], out.shape[1])
+
+    def relu_grad(self, relu_out, grad):
+        if not _rows_of(relu_out, grad) or grad.ndim != 2 or grad.shape != relu_out.shape:
+            return super().relu_grad(relu_out, grad)
+        out = np.empty(grad.shape, grad.dtype)
+
+        def rows(lo, hi):
+            np.multiply(grad[lo:hi], relu_out[lo:hi] > 0, out=out[lo:hi])
+
+        parallel_rows(rows, grad.shape[0], grad.shape[1])
+        return out

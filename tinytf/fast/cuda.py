@@ -19,13 +19,12 @@ import numpy as np
 
 from .. import amp, kernels
 from ..backend import get_array_module
-from ..ops.attention import Attention
-from ..ops.dropout import Dropout, DropoutAdd
+from ..ops.dropout import Dropout
 from ..ops.elementwise import ReLU
-from ..ops.matmul import Linear, MatMul
-from ..ops.norm import LayerNorm
+from ..ops.matmul import MatMul
 from ..ops.softmax import LogSoftmax, Softmax
-from .cpu import BlockedCrossEntropy
+from .cpu import (BlockedCrossEntropy, RowParallelAttention, RowParallelDropoutAdd,
+                  RowParallelLayerNorm, RowParallelLinear)
 
 
 class FusedReLU(ReLU):
@@ -79,7 +78,7 @@ class FusedLogSoftmax(LogSoftmax):
         return super().backward(grad)
 
 
-class FusedLayerNorm(LayerNorm):
+class FusedLayerNorm(RowParallelLayerNorm):
     """:class:`LayerNorm`: statistics and output in one launch; backward in one launch plus
     the column sums of the parameter gradients."""
 
@@ -114,7 +113,7 @@ class FusedDropout(Dropout):
         return super().backward(grad)
 
 
-class FusedDropoutAdd(DropoutAdd):
+class FusedDropoutAdd(RowParallelDropoutAdd):
     """:class:`DropoutAdd`: residual + dropout(x) in one launch."""
 
     def forward(self, x, residual, p):
@@ -149,7 +148,7 @@ class CublasMatMul(MatMul):
         return kernels.matmul(a, b)
 
 
-class FusedAttention(Attention):
+class FusedAttention(RowParallelAttention):
     """:class:`Attention` with cuBLAS products (1/sqrt(d) as cuBLAS's alpha: no pass of its
     own) and the masked softmax and its backward as single launches."""
 
@@ -168,7 +167,7 @@ class FusedAttention(Attention):
         return super().scores_grad(weights, dp)
 
 
-class FusedLinear(Linear):
+class FusedLinear(RowParallelLinear):
     """:class:`Linear` with cuBLAS products, the bias (and ReLU) added by one launch, and
     an optional compute dtype for mixed precision.
 

@@ -1,17 +1,20 @@
-"""Adam as one CUDA kernel: :class:`FusedAdam`, named against :class:`tinytf.optim.Adam`."""
+"""Adam as one CUDA kernel (or, on the CPU, in threads): :class:`FusedAdam`, named against
+:class:`tinytf.optim.Adam`."""
 from __future__ import annotations
 
 import numpy as np
 
 from .. import kernels
-from ..optim import Adam
+from ..optim import Adam, adam_update
+from .threads import parallel_rows
 
 
 class FusedAdam(Adam):
     """:class:`~tinytf.optim.Adam` whose update is one kernel launch over the flat buffers
     (``kernels.adam_step``: the moments, the bias corrections and the parameter in one
     pass), and whose ``skip`` flag is read by that kernel on the device, not by the host.
-    Where the kernels do not run (NumPy arrays, float64) it is :class:`Adam`.
+    Where the kernels do not run (NumPy arrays, float64) it is :class:`Adam`, with the flat
+    NumPy buffers updated by ranges in threads (:mod:`tinytf.fast.threads`; bitwise equal).
     """
 
     def _skips_on_device(self) -> bool:
@@ -25,5 +28,13 @@ class FusedAdam(Adam):
         if kernels.fused(p, g) and p.dtype == np.float32:
             kernels.adam_step(p, g, m, v, self.lr, self.betas, self.eps, self.step_count,
                               found_inf=skip)
+            return
+        if all(type(a) is np.ndarray and a.ndim == 1 for a in (p, g, m, v)):
+            # The flat buffers on the CPU: Adam is elementwise, so ranges of them update in
+            # threads (tinytf.fast.threads), bitwise as one call would.
+            def update(lo, hi):
+                adam_update(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], self.lr, self.betas,
+                            self.eps, self.step_count)
+            parallel_rows(update, p.size)
             return
         super()._update(p, g, m, v)

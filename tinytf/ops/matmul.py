@@ -57,10 +57,7 @@ class Linear(Function):
         x2 = x.reshape(-1, x.shape[-1])
         out = x2 @ weight.T
         relu = activation == "relu"
-        if bias is not None:
-            out += bias
-        if relu:
-            get_array_module(out).maximum(out, 0, out=out)
+        self.add_bias(out, bias, relu)
         # With the ReLU, its output too: the gradient passes where it is positive.
         self.save_for_backward(x2, weight, out if relu else None)
         self.in_shape = x.shape
@@ -70,7 +67,7 @@ class Linear(Function):
         x2, weight, relu_out = self.saved
         g2 = grad.reshape(-1, weight.shape[0])
         if relu_out is not None:
-            g2 = relu_grad(relu_out, g2)
+            g2 = self.relu_grad(relu_out, g2)
         gx = g2 @ weight if self.needs_input_grad[0] else None
         gw = g2.T @ x2 if self.needs_input_grad[1] else None
         if gx is not None:
@@ -78,3 +75,15 @@ class Linear(Function):
         if len(self.inputs) == 2:
             return gx, gw
         return gx, gw, (g2.sum(axis=0) if self.needs_input_grad[2] else None)
+
+    # The two row passes a faster variant replaces (tinytf.fast.cpu.RowParallelLinear).
+    def add_bias(self, out, bias, relu: bool) -> None:
+        """out += bias, then out = max(out, 0) with the ReLU, in place."""
+        if bias is not None:
+            out += bias
+        if relu:
+            get_array_module(out).maximum(out, 0, out=out)
+
+    def relu_grad(self, relu_out, grad):
+        """The gradient where the ReLU's output is positive, else 0."""
+        return relu_grad(relu_out, grad)

@@ -1,0 +1,204 @@
+"""Row-parallel CPU ops (tinytf.fast.threads, the RowParallel* classes of tinytf.fast.cpu):
+bitwise equal to their reference ops with any number of threads."""
+import threading
+
+import numpy as np
+import pytest
+
+from tinytf import backend, fast, ops
+from tinytf.fast import cpu, threads
+from tinytf.tensor import Tensor
+from tinytf.transformer import Transformer, TransformerConfig, label_smoothed_loss
+
+rng = np.random.default_rng(0)
+
+
+@pytest.fixture
+def split_everything(monkeypatch):
+    """Three threads, and every op split however small (the tests' arrays are small)."""
+    monkeypatch.setattr(threads, "MIN_ELEMENTS", 1)
+    calls = []
+
+    def counted(fn, n_rows, row_size=1):
+        calls.append(n_rows)
+        threads.parallel_rows(fn, n_rows, row_size)
+
+    monkeypatch.setattr(cpu, "parallel_rows", counted)   # the ops' calls are counted
+    threads.set_threads(3)
+    yield calls
+    threads.set_threads(None)
+
+
+def test_parallel_rows_covers_every_row_once_in_contiguous_ranges(split_everything):
+    seen, lock, callers = [], threading.Lock(), set()
+
+    def fn(lo, hi):
+        with lock:
+            seen.append((lo, hi))
+            callers.add(threading.get_ident())
+
+    threads.parallel_rows(fn, 10)
+    assert sorted(seen) == [(0, 3), (3, 6), (6, 10)]
+    # The caller takes the last range; the pool's two threads the others (one of them may
+    # take both when the first range is done before the second is handed out).
+    assert threading.get_ident() in callers and len(callers) >= 2
+    seen.clear()
+    threads.parallel_rows(fn, 2)        # fewer rows than threads: one range per row
+    assert sorted(seen) == [(0, 1), (1, 2)]
+
+
+def test_parallel_rows_runs_small_work_and_nested_calls_inline(monkeypatch):
+    threads.set_threads(2)
+    try:
+        idents = []
+        threads.parallel_rows(lambda lo, hi: idents.append((lo, hi)), 100, 1)  # < MIN_ELEMENTS
+        assert idents == [(0, 100)]
+        monkeypatch.setattr(threads, "MIN_ELEMENTS", 1)
+        inner = []
+
+        def outer(lo, hi):
+            threads.parallel_rows(lambda a, b: inner.append((lo, a, b)), 4)
+
+        threads.parallel_rows(outer, 2)
+        # The caller's range splits again; the pool thread's runs inline.
+        assert sorted(inner) == [(0, 0, 4), (1, 0, 2), (1, 2, 4)]
+    finally:
+        threads.set_threads(None)
+
+
+def test_an_error_in_another_thread_reaches_the_caller(split_everything):
+    def fn(lo, hi):
+        if lo == 0:
+            raise ValueError("row 0")
+
+    with pytest.raises(ValueError, match="row 0"):
+        threads.parallel_rows(fn, 9)
+
+
+def test_the_thread_count_follows_the_environment(monkeypatch):
+    for var in ("TINYTF_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    try:
+        monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
+        threads.set_threads(None)
+        assert threads.threads() == 3
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        threads.set_threads(None)
+        assert threads.threads() == 2
+        monkeypatch.setenv("TINYTF_THREADS", "64")
+        threads.set_threads(None)
+        assert threads.threads() == threads.MAX_THREADS
+        with pytest.raises(ValueError):
+            threads.set_threads(0)
+    finally:
+        threads.set_threads(None)
+
+
+def _run(cls, inputs, kwargs, grad_seed=1):
+    """Forward and backward of op ``cls`` on copies of ``inputs``: (output, input grads)."""
+    tensors = [Tensor(a.copy(), requires_grad=a.dtype.kind == "f") for a in inputs]
+    out = cls.apply(*tensors, **kwargs)
+    g = np.random.default_rng(grad_seed).standard_normal(out.shape).astype(out.dtype)
+    out.backward(g)
+    return out.numpy(), [t.grad for t in tensors if t.requires_grad]
+
+
+def _assert_same(reference, candidate):
+    out_r, grads_r = reference
+    out_c, grads_c = candidate
+    np.testing.assert_array_equal(out_c, out_r)
+    assert len(grads_r) == len(grads_c)
+    for a, b in zip(grads_r, grads_c):
+        np.testing.assert_array_equal(b, a)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm(split_everything, dtype, affine):
+    x = (rng.standard_normal((3, 7, 16)) * 2 + 1).astype(dtype)
+    extra = [rng.standard_normal(16).astype(dtype), rng.standard_normal(16).astype(dtype)] \
+        if affine else []
+    _assert_same(_run(ops.LayerNorm, [x, *extra], {}),
+                 _run(cpu.RowParallelLayerNorm, [x, *extra], {}))
+    assert split_everything == [21, 21]       # forward and backward, by row
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dropout_add_draws_the_same_mask(split_everything, dtype):
+    x = rng.standard_normal((5, 6, 12)).astype(dtype)
+    r = rng.standard_normal((5, 6, 12)).astype(dtype)
+    backend.manual_seed(7)
+    reference = _run(ops.DropoutAdd, [x, r], {"p": 0.3})
+    backend.manual_seed(7)
+    candidate = _run(cpu.RowParallelDropoutAdd, [x, r], {"p": 0.3})
+    _assert_same(reference, candidate)
+    assert split_everything == [30, 30]
+    assert 0 < (candidate[1][0] == 0).mean() < 0.6   # some of x's gradient was dropped
+
+
+@pytest.mark.parametrize("mask_kind", [None, "causal", "padding", "full"])
+def test_attention(split_everything, mask_kind):
+    b, h, t, d = 5, 2, 9, 4
+    q, k, v = (rng.standard_normal((b, h, t, d)).astype(np.float32) for _ in range(3))
+    mask = {None: None,
+            "causal": np.tril(np.ones((t, t), bool))[None, None],
+            "padding": np.arange(t)[None, None, None, :] < rng.integers(1, t + 1, b)[:, None,
+                                                                                   None, None],
+            "full": rng.random((b, h, t, t)) < 0.7}[mask_kind]
+    if mask_kind == "full":
+        mask[0, 0, 0] = False            # a fully masked row: uniform weights, no gradient
+    _assert_same(_run(ops.Attention, [q, k, v], {"mask": mask}),
+                 _run(cpu.RowParallelAttention, [q, k, v], {"mask": mask}))
+    assert split_everything == [b, b]          # softmax forward, its backward
+
+
+@pytest.mark.parametrize("activation", [None, "relu"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear(split_everything, activation, bias):
+    x = rng.standard_normal((4, 6, 10)).astype(np.float32)
+    w = rng.standard_normal((12, 10)).astype(np.float32)
+    extra = [rng.standard_normal(12).astype(np.float32)] if bias else []
+    kwargs = {"activation": activation}
+    _assert_same(_run(ops.Linear, [x, w, *extra], kwargs),
+                 _run(cpu.RowParallelLinear, [x, w, *extra], kwargs))
+    assert len(split_everything) == (bias or activation is not None) + (activation is not None)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_blocked_cross_entropy_split_over_threads(split_everything, eps):
+    logits = rng.standard_normal((300, 17)).astype(np.float32) * 3  # 5 blocks of 64 rows
+    target = rng.integers(0, 17, 300)
+    target[:9] = 0
+    kwargs = dict(label_smoothing=eps, ignore_index=0)
+    threads.set_threads(1)
+    one = _run(cpu.BlockedCrossEntropy, [logits, target], kwargs)
+    threads.set_threads(3)
+    _assert_same(one, _run(cpu.BlockedCrossEntropy, [logits, target], kwargs))
+    assert split_everything == [5, 300, 5, 300]  # blocks forward, rows backward; twice
+
+
+def _train_steps(n_threads: int):
+    """Parameters after two Adam steps of a small dropout-on Transformer."""
+    threads.set_threads(n_threads)
+    backend.manual_seed(3)
+    cfg = TransformerConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64,
+                            n_encoder_layers=2, n_decoder_layers=2, dropout=0.1, max_len=64)
+    model = Transformer(cfg)
+    optimizer = fast.adam(list(model.parameters()), lr=1e-3)
+    data = np.random.default_rng(1)
+    for _ in range(2):
+        src, tgt = data.integers(3, 50, (6, 9)), data.integers(3, 50, (6, 8))
+        src[0, 6:] = 0
+        tgt[1, 5:] = 0
+        optimizer.zero_grad()
+        loss, n = label_smoothed_loss(model(src, tgt[:, :-1]), tgt[:, 1:])
+        (loss / n).backward()
+        optimizer.step()
+    return {name: p.data.copy() for name, p in model.named_parameters()}
+
+
+def test_a_training_step_is_bitwise_the_same_with_one_or_three_threads(split_everything):
+    one, three = _train_steps(1), _train_steps(3)
+    assert one.keys() == three.keys()
+    for name in one:
+        np.testing.assert_array_equal(three[name], one[name], err_msg=name)
