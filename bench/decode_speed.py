@@ -42,7 +42,7 @@ ARGS = parse_args() if __name__ == "__main__" else None
 if ARGS is not None:
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(ARGS.threads)  # must precede the BLAS libraries' loading
-    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # as importing tinytf first sets it
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")  # as importing tinytf first sets it
 
 import numpy as np  # noqa: E402
 

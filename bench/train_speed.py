@@ -58,7 +58,7 @@ def parse_args(argv=None):
 ARGS = parse_args()
 for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = str(ARGS.threads)   # must precede the BLAS libraries' loading
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # as importing tinytf first sets it
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")  # as importing tinytf first sets it
 
 import numpy as np  # noqa: E402
 

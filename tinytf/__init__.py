@@ -11,10 +11,11 @@ import sys as _sys
 
 if "numpy" not in _sys.modules:
     # OpenBLAS's idle threads spin for 2^28 cycles after each product before they sleep,
-    # taking a core from the row-parallel threads of tinytf.fast.threads; 2^4 lets them
-    # sleep at once (docs/architecture.md, "Both cores"). Read when NumPy loads OpenBLAS, so only
-    # if NumPy is not loaded yet, and never over the user's own setting.
-    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+    # taking a core from the row-parallel threads of tinytf.fast.threads; at 2^16 they
+    # still spin between the products of one batched matmul but sleep during the row ops
+    # (docs/architecture.md, "Both cores"). OpenBLAS reads it when NumPy loads it, so it
+    # is set only if NumPy is not loaded yet, and never over the user's own setting.
+    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")
 
 from . import backend, ops  # noqa: I001,E402 - ops first: importing it fills the op table
 from . import fast, functional, nn, optim  # noqa: E402
