@@ -196,13 +196,7 @@ class RowParallelLayerNorm(LayerNorm):
             out *= rstd2[lo:hi]
 
         parallel_rows(rows, g2.shape[0], d)
-        result = [gx.reshape(grad.shape)]
-        if len(self.inputs) > 1:
-            result.append(np.einsum("ij,ij->j", g2, x_hat2) if self.needs_input_grad[1]
-                          else None)
-        if len(self.inputs) > 2:
-            result.append(g2.sum(axis=0) if self.needs_input_grad[2] else None)
-        return tuple(result)
+        return (gx.reshape(grad.shape), *self.param_grads(grad, x_hat))
 
 
 class RowParallelDropoutAdd(DropoutAdd):

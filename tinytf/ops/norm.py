@@ -45,13 +45,18 @@ class LayerNorm(Function):
             xp.subtract(dx_hat, gx, out=gx)
             gx -= mean_dx_hat
             gx *= rstd
-        result = [gx]
-        # The parameter gradients sum over every row: (N, d) views, column sums (einsum for
-        # sum(grad * x_hat) without the product array).
+        return (gx, *self.param_grads(grad, x_hat))
+
+    def param_grads(self, grad, x_hat) -> list:
+        """[dw, db] for the inputs the op has (None where not needed): column sums over
+        every row of (N, d) views (einsum for sum(grad * x_hat) without the product array)."""
+        xp = get_array_module(grad)
+        d = x_hat.shape[-1]
         g2, x_hat2 = grad.reshape(-1, d), x_hat.reshape(-1, d)
+        result = []
         if len(self.inputs) > 1:
             result.append(xp.einsum("ij,ij->j", g2, x_hat2) if self.needs_input_grad[1]
                           else None)
         if len(self.inputs) > 2:
             result.append(g2.sum(axis=0) if self.needs_input_grad[2] else None)
-        return tuple(result)
+        return result
