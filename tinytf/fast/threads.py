@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..workers import available_cpus
 
-MIN_ELEMENTS = 1 << 19   # rows x row_size below which splitting does not pay
+MIN_ELEMENTS = 1 << 18   # rows x row_size below which splitting does not pay
 MAX_THREADS = 8          # row passes are memory-bound: more threads than this gain nothing
 
 _state = threading.local()
