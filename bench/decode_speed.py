@@ -155,6 +155,8 @@ def main(args):
         print(f"tinytf / torch speed: {t_torch / t_ours:.2f}x wall, {c_torch / c_ours:.2f}x CPU;"
               f" identical outputs: {agree:.1%}", flush=True)
 
+    if args.recompute_sentences <= 0:
+        return
     sub = sources[: args.recompute_sentences]
     sub_batches = make_batches([len(s) for s in sub], batch_size=args.batch_size)
     res = race({"cache": lambda b: decode_tinytf(translator, b, options),
