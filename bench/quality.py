@@ -71,7 +71,9 @@ def main(argv=None) -> int:
     p.add_argument("--tinytf-args", default="", help="extra train.py options (one string)")
     p.add_argument("--torch-args", default="", help="extra torch_train.py options")
     p.add_argument("--frameworks", nargs="+", default=["tinytf", "torch"])
-    p.add_argument("--out", default=None, help="folder for the runs (default: a temporary one)")
+    p.add_argument("--out", default=None,
+                   help="folder for the runs, created if missing; each run's folder in it must "
+                        "not hold a run yet (default: a temporary folder)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--parallel", dest="parallel", action="store_true", default=True,
                       help="run the frameworks at the same time, one thread each (default)")
@@ -79,6 +81,7 @@ def main(argv=None) -> int:
                       help="one after the other, every core each")
     args = p.parse_args(argv)
     base = args.out or tempfile.mkdtemp(prefix="tinytf-quality-")
+    os.makedirs(base, exist_ok=True)
     threads = 1 if args.parallel else (os.cpu_count() or 1)
     extra = {"tinytf": shlex.split(args.tinytf_args), "torch": shlex.split(args.torch_args)}
     rows = []
