@@ -47,6 +47,13 @@ def test_parallel_rows_covers_every_row_once_in_contiguous_ranges(split_everythi
     assert sorted(seen) == [(0, 1), (1, 2)]
 
 
+def test_the_pool_keeps_its_size_whatever_the_number_of_ranges(split_everything):
+    for n_rows in (2, 10, 2, 10, 1, 7):
+        threads.parallel_rows(lambda lo, hi: None, n_rows)
+    pool_threads = [t for t in threading.enumerate() if t.name.startswith("tinytf-rows")]
+    assert 1 <= len(pool_threads) <= 2        # 3 threads: the caller and two in the pool
+
+
 def test_parallel_rows_runs_small_work_and_nested_calls_inline(monkeypatch):
     threads.set_threads(2)
     try:

@@ -67,7 +67,10 @@ def _mark_pool_thread():
 
 def _get_pool(n: int) -> ThreadPoolExecutor:
     global _pool
-    if _pool is None or _pool._max_workers != n:
+    if _pool is not None and _pool._max_workers != n:
+        _pool.shutdown(wait=True)
+        _pool = None
+    if _pool is None:
         _pool = ThreadPoolExecutor(n, thread_name_prefix="tinytf-rows",
                                    initializer=_mark_pool_thread)
     return _pool
@@ -90,7 +93,7 @@ def parallel_rows(fn, n_rows: int, row_size: int = 1) -> None:
         return
     parts = min(n, n_rows)
     bounds = [n_rows * i // parts for i in range(parts + 1)]
-    pool = _get_pool(parts - 1)
+    pool = _get_pool(n - 1)   # one pool of the full size, however many parts this call has
     futures = [pool.submit(fn, bounds[i], bounds[i + 1]) for i in range(parts - 1)]
     try:
         fn(bounds[-2], bounds[-1])
