@@ -22,8 +22,8 @@ import numpy as np
 
 from .. import backend
 from ..backend import get_array_module, scatter_add
-from ..ops.attention import Attention
-from ..ops.dropout import DropoutAdd
+from ..ops.attention import Attention, masked_softmax_, masked_softmax_grad_
+from ..ops.dropout import DropoutAdd, scaled_keep
 from ..ops.embedding import Embedding
 from ..ops.loss import CrossEntropy
 from ..ops.matmul import Linear
@@ -212,9 +212,7 @@ class RowParallelDropoutAdd(DropoutAdd):
         mask, out = np.empty(x2.shape, x.dtype), np.empty(x2.shape, x.dtype)
 
         def rows(lo, hi):
-            m = mask[lo:hi]
-            m[...] = u2[lo:hi] >= p          # keep_mask's steps, on these rows
-            m *= 1.0 / (1.0 - p)
+            m = scaled_keep(u2[lo:hi], p, x.dtype, out=mask[lo:hi])   # keep_mask's rows
             o = out[lo:hi]
             np.multiply(x2[lo:hi], m, out=o)
             o += r2[lo:hi]
@@ -238,59 +236,42 @@ class RowParallelDropoutAdd(DropoutAdd):
 
 
 class RowParallelAttention(Attention):
-    """:class:`Attention` with the scores' scaling, mask and softmax, and the softmax's
-    backward, by range of the leading (batch) axis in threads; the products stay single
-    BLAS calls over all of it (BLAS already uses every core)."""
+    """:class:`Attention` with the masked softmax and its backward (``masked_softmax_``,
+    ``masked_softmax_grad_``) by range of the leading (batch) axis in threads; the products
+    stay single BLAS calls over all of it (BLAS already uses every core)."""
 
-    def _mask_rows(self, scores):
-        """``mask_rows(lo, hi)``: the mask for scores[lo:hi], or None if it cannot be cut."""
+    def _mask_rows(self, ndim, n):
+        """``mask_rows(lo, hi)``: the mask for rows lo..hi of an ``ndim``-axis score array of
+        ``n`` rows, or None if the mask cannot be cut so."""
         mask = self.mask
-        if mask is None:
-            return lambda lo, hi: None
-        if mask.ndim < scores.ndim or mask.shape[0] == 1:
+        if mask is None or mask.ndim < ndim or mask.shape[0] == 1:
             return lambda lo, hi: mask
-        if mask.shape[0] == scores.shape[0]:
+        if mask.shape[0] == n:
             return lambda lo, hi: mask[lo:hi]
         return None
 
     def weights_of(self, q, k, mask):
         self.mask = mask
-        if not _rows_of(q, k) or q.ndim < 3:
+        lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])   # the scores' leading axes
+        mask_rows = self._mask_rows(len(lead) + 2, lead[0]) if lead else None
+        if mask_rows is None or not _rows_of(q, k):
             return super().weights_of(q, k, mask)
         scores = q @ k.swapaxes(-1, -2)
-        mask_rows = self._mask_rows(scores)
-        if mask_rows is None or scores.dtype != q.dtype:
-            return super().weights_of(q, k, mask)
-        lowest = np.asarray(backend.finfo(scores.dtype).min, dtype=scores.dtype)
-        scale = self.scale
 
-        def rows(lo, hi):   # attention_weights and softmax, in place on these rows
-            s = scores[lo:hi]
-            if scale != 1.0:
-                s *= scale
-            m = mask_rows(lo, hi)
-            if m is not None:
-                np.copyto(s, lowest, where=~m)
-            s -= s.max(axis=-1, keepdims=True)
-            np.exp(s, out=s)
-            s /= s.sum(axis=-1, keepdims=True)
+        def rows(lo, hi):
+            masked_softmax_(scores[lo:hi], mask_rows(lo, hi), self.scale)
 
         parallel_rows(rows, scores.shape[0], scores[0].size)
         return scores
 
     def scores_grad(self, weights, dp):
-        mask_rows = self._mask_rows(weights)
-        if not _rows_of(weights, dp) or weights.ndim < 3 or mask_rows is None or \
-                dp.shape != weights.shape:
+        mask_rows = self._mask_rows(weights.ndim, weights.shape[0]) if weights.ndim >= 3 \
+            else None
+        if mask_rows is None or not _rows_of(weights, dp) or dp.shape != weights.shape:
             return super().scores_grad(weights, dp)
 
-        def rows(lo, hi):   # Attention.scores_grad on these rows
-            ds, w = dp[lo:hi], weights[lo:hi]
-            ds -= (ds * w).sum(axis=-1, keepdims=True)
-            ds *= w
-            m = mask_rows(lo, hi)
-            if m is not None:
-                ds *= m
+        def rows(lo, hi):
+            masked_softmax_grad_(dp[lo:hi], weights[lo:hi], mask_rows(lo, hi))
 
         parallel_rows(rows, dp.shape[0], dp[0].size)
         return dp

@@ -7,19 +7,36 @@ from .. import backend
 from ..backend import get_array_module
 from ..tensor import Function
 from .dropout import keep_mask
-from .softmax import softmax
 
 
 def attention_weights(q, k, mask=None, scale: float = 1.0):
     """softmax(scale * q k^T) with masked scores set to the dtype's most negative finite value."""
-    xp = get_array_module(q)
-    scores = q @ k.swapaxes(-1, -2)
+    return masked_softmax_(q @ k.swapaxes(-1, -2), mask, scale)
+
+
+def masked_softmax_(scores, mask=None, scale: float = 1.0):
+    """softmax(scale * scores) over the last axis, masked scores set to the dtype's most
+    negative finite value, computed in place in ``scores`` (returned)."""
+    xp = get_array_module(scores)
     if scale != 1.0:
         scores *= scale
     if mask is not None:
         xp.copyto(scores, xp.asarray(backend.finfo(scores.dtype).min, dtype=scores.dtype),
                   where=~mask)
-    return softmax(scores, -1)
+    scores -= scores.max(axis=-1, keepdims=True)   # softmax's stabilising shift, in place
+    xp.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return scores
+
+
+def masked_softmax_grad_(dp, weights, mask=None):
+    """dS = P * (dP - sum(dP * P)), zero where masked, computed in place in ``dp``."""
+    ds = dp
+    ds -= (dp * weights).sum(axis=-1, keepdims=True)
+    ds *= weights
+    if mask is not None:
+        ds *= mask
+    return ds
 
 
 class Attention(Function):
@@ -75,9 +92,4 @@ class Attention(Function):
 
     def scores_grad(self, weights, dp):
         """dS = P * (dP - sum(dP * P)), zero where masked (``dp`` is overwritten)."""
-        ds = dp
-        ds -= (dp * weights).sum(axis=-1, keepdims=True)
-        ds *= weights
-        if self.mask is not None:
-            ds *= self.mask
-        return ds
+        return masked_softmax_grad_(dp, weights, self.mask)

@@ -11,8 +11,14 @@ from ..tensor import Function
 def keep_mask(xp, shape, p: float, dtype):
     """The scaled keep mask: 1 / (1 - p) with probability 1 - p, else 0, drawn from the
     global generator (``backend.rng``) as float32 uniforms."""
-    keep = backend.rng(xp).random(shape, dtype=np.float32) >= p
-    mask = keep.astype(dtype)
+    return scaled_keep(backend.rng(xp).random(shape, dtype=np.float32), p, dtype)
+
+
+def scaled_keep(uniform, p: float, dtype, out=None):
+    """1 / (1 - p) where ``uniform`` >= p, else 0, as ``dtype`` (written into ``out`` if
+    given)."""
+    mask = get_array_module(uniform).empty(uniform.shape, dtype) if out is None else out
+    mask[...] = uniform >= p
     mask *= 1.0 / (1.0 - p)
     return mask
 
