@@ -35,6 +35,10 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2, help="BLAS / torch threads for both")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch run")
+    p.add_argument("--workers", type=int, default=0,
+                   help="also time the whole set with tinytf's batches in N processes "
+                        "(translate.py --workers N) against PyTorch's one process of --threads "
+                        "threads, alternated twice (default: 0, not run)")
     return p.parse_args(argv)
 
 
@@ -114,6 +118,39 @@ def race(contestants, sources, batches):
     return {name: (outputs[name], wall[name], cpu[name]) for name in contestants}
 
 
+def race_workers(contestants, translator, sources, batches, options, workers, expected,
+                 batch_size):
+    """The whole set, twice, alternating: tinytf's batches in ``workers`` processes
+    (:mod:`tinytf.decode_workers`), then each other contestant's batches in turn, in one
+    process; prints sentences/s and the ratio, and checks tinytf's outputs."""
+    index = [list(b) for b in batches]
+    runs = {"tinytf workers": lambda: [list(nbest[0].tokens) for nbest in translator.translate_ids(
+        sources, options, batch_size=batch_size, workers=workers)]}
+    for name, fn in contestants.items():
+        if name != "tinytf":
+            runs[name] = lambda fn=fn: [t for b in index for t in fn([sources[i] for i in b])]
+    wall = dict.fromkeys(runs, 0.0)
+    for _ in range(2):
+        for name, fn in runs.items():
+            start = time.perf_counter()
+            out = fn()
+            wall[name] += time.perf_counter() - start
+            if name == "tinytf workers":
+                assert out == expected, "worker processes changed the translations"
+    n = 2 * len(sources)
+    line = ", ".join(f"{name} {n / t:.2f} sentences/s" for name, t in wall.items())
+    print(f"whole set, tinytf in {workers} processes: {line}", flush=True)
+    if "torch" in wall:
+        print(f"tinytf ({workers} processes) / torch ({torch_threads()} threads) speed: "
+              f"{wall['torch'] / wall['tinytf workers']:.2f}x wall", flush=True)
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def main(args):
     translator = build_translator(args)
     config = translator.model.config
@@ -155,6 +192,9 @@ def main(args):
         print(f"tinytf / torch speed: {t_torch / t_ours:.2f}x wall, {c_torch / c_ours:.2f}x CPU;"
               f" identical outputs: {agree:.1%}", flush=True)
 
+    if args.workers > 0:
+        race_workers(contestants, translator, sources, batches, options, args.workers, ours,
+                     args.batch_size)
     if args.recompute_sentences <= 0:
         return
     sub = sources[: args.recompute_sentences]

@@ -5,7 +5,7 @@ import threading
 import numpy as np
 import pytest
 
-from tinytf import backend, fast, ops
+from tinytf import backend, fast, ops, workers
 from tinytf.fast import cpu, threads
 from tinytf.tensor import Tensor
 from tinytf.transformer import Transformer, TransformerConfig, label_smoothed_loss
@@ -209,3 +209,18 @@ def test_a_training_step_is_bitwise_the_same_with_one_or_three_threads(split_eve
     assert one.keys() == three.keys()
     for name in one:
         np.testing.assert_array_equal(three[name], one[name], err_msg=name)
+
+
+def test_set_blas_threads_resizes_openblas_at_run_time():
+    """NumPy's OpenBLAS pool resized after NumPy loaded it (what decode workers do)."""
+    before = workers.blas_threads()
+    if before is None:
+        pytest.skip("no OpenBLAS found in this process")
+    try:
+        assert workers.set_blas_threads(1)
+        assert workers.blas_threads() == 1
+        a = np.ones((256, 256), dtype=np.float32)
+        assert (a @ a == 256).all()
+    finally:
+        workers.set_blas_threads(before)
+    assert workers.blas_threads() == before

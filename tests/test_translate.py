@@ -5,6 +5,7 @@ data/ende/train.*, a 2+2-layer model saved as three numbered checkpoints (differ
 ``--average``) with its config and BPE file in the metadata, as train.py writes them.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -147,6 +148,40 @@ def test_output_does_not_depend_on_batch_or_position(translator, test_lines):
     assert [shuffled[j][0][0] for j in np.argsort(order)] == expected
 
 
+def test_worker_processes_give_the_same_nbest_lists(translator, test_lines):
+    """Batches decoded in 2 and 3 forked processes: the n-best lists (texts and scores) of one
+    process, in input order."""
+    lines = test_lines + [""] + test_lines[:5]
+    options = dataclasses.replace(OPTIONS, nbest=2)
+    expected = translator.translate_lines(lines, options, batch_size=3)
+    for workers in (2, 3):
+        assert translator.translate_lines(lines, options, batch_size=3,
+                                          workers=workers) == expected
+
+
+def test_test_scores_in_worker_processes(translator):
+    """The training run's final test BLEU: the same scores and logged samples with the beam
+    search in 2 processes as in one."""
+    from tinytf.evaluate import test_scores  # noqa: PLC0415
+
+    class Log:
+        def __init__(self):
+            self.lines = []
+
+        def info(self, line):
+            self.lines.append(re.sub(r"\d+s\)", "Ns)", line))  # drop the timings
+
+    lines = (first_lines(DATA / "test.en", 70), first_lines(DATA / "test.de", 70))  # 2 batches
+    logs, scores = [], []
+    for workers in (1, 2):
+        log = Log()
+        scores.append(test_scores(translator.model, translator.bpe, lines, log,
+                                  workers=workers))
+        logs.append(log.lines)
+    assert scores[0] == scores[1] and logs[0] == logs[1]
+    assert set(scores[0]) == {"test_bleu", "test_bleu_beam", "test_bleu_greedy"}
+
+
 def test_max_output_length(translator):
     opts = SearchOptions(max_len_a=1.0, max_len_b=50)
     assert translator.max_output_lens([0, 3, 100], opts).tolist() == [50, 53, 127]  # 127: cap
@@ -257,6 +292,11 @@ def test_cli_stdin_stdout_and_batch_sizes(run_dir, test_lines):
         outs.append(proc.stdout)
     assert outs[0] == outs[1] == outs[2]
     assert outs[0].count(b"\n") == 10
+    for workers in ("1", "2"):
+        proc = run_cli("--model", run_dir, "--batch-size", 3, "--workers", workers,
+                       "--max-len-b", 4, "--quiet", stdin=data)
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert proc.stdout == outs[0], workers
 
 
 def test_cli_invalid_utf8(run_dir, tmp_path):

@@ -83,10 +83,11 @@ def evaluate_loss(model, corpus, max_tokens, label_smoothing, device="cpu") -> d
 
 
 def test_scores(model, bpe, lines, log, device="cpu", precision="float32", beam=4,
-                samples=3) -> dict:
+                samples=3, workers=1) -> dict:
     """Test BLEU of ``lines`` (sources, references): greedy, and with ``beam`` > 1 the
-    paper's beam search (length penalty 0.6, source + 50); logs the scores and a few
-    translations. ``test_bleu`` is the beam's (greedy's with ``beam`` 1)."""
+    paper's beam search (length penalty 0.6, source + 50) in ``workers`` processes
+    (:mod:`tinytf.decode_workers`); logs the scores and a few translations. ``test_bleu``
+    is the beam's (greedy's with ``beam`` 1)."""
     src, ref = lines
     out = {}
     t0 = time.perf_counter()
@@ -99,7 +100,8 @@ def test_scores(model, bpe, lines, log, device="cpu", precision="float32", beam=
         t0 = time.perf_counter()
         options = SearchOptions(beam_size=beam)
         translator = Translator(model, bpe, device, precision)
-        hyps = [nbest[0][0] for nbest in translator.translate_lines(src, options)]
+        hyps = [nbest[0][0] for nbest in translator.translate_lines(src, options,
+                                                                     workers=workers)]
         out["test_bleu_beam"] = round(bleu(hyps, ref), 2)
         log.info(f"test BLEU {out['test_bleu_beam']:.2f} (beam {options.beam_size}, "
                  f"alpha {options.alpha}, {len(hyps)} sentences, "

@@ -26,6 +26,7 @@ import numpy as np
 from . import amp, backend, checkpoint
 from . import functional as F
 from .bpe import BOS_ID, BPE, EOS_ID, PAD_ID, UNK_ID
+from .decode_workers import translate_batches
 from .search import Hypothesis, beam_search
 from .tensor import Tensor, no_grad
 from .transformer import Transformer, TransformerConfig
@@ -302,18 +303,22 @@ class Translator:
                 bos_id=BOS_ID, eos_id=EOS_ID, banned_ids=BANNED_IDS)
 
     def translate_ids(self, sources, options: SearchOptions, batch_size=None, max_tokens=None,
-                      progress=None) -> list[list[Hypothesis]]:
+                      progress=None, workers: int = 1) -> list[list[Hypothesis]]:
         """N-best lists for token-id sources, in input order; an empty source gets ``[]``.
 
-        Sentences are sorted by length and batched (:func:`make_batches`);
-        ``progress(done, total)`` is called after every batch.
+        Sentences are sorted by length and batched (:func:`make_batches`); ``workers > 1``
+        decodes the batches in that many processes (:mod:`tinytf.decode_workers`; the same
+        results). ``progress(done, total)`` is called after every batch.
         """
         results: list[list[Hypothesis]] = [[] for _ in sources]
         todo = [i for i, s in enumerate(sources) if len(s)]
         done = len(sources) - len(todo)
-        for batch in make_batches([len(sources[i]) for i in todo], batch_size, max_tokens):
-            index = [todo[j] for j in batch]
-            for i, nbest in zip(index, self.translate_batch([sources[i] for i in index], options)):
+        batches = [[todo[j] for j in batch] for batch in
+                   make_batches([len(sources[i]) for i in todo], batch_size, max_tokens)]
+        searched = translate_batches(self, [[sources[i] for i in index] for index in batches],
+                                     options, workers)
+        for index, nbests in zip(batches, searched):
+            for i, nbest in zip(index, nbests):
                 results[i] = nbest
             done += len(index)
             if progress is not None:
@@ -362,13 +367,14 @@ class Translator:
         return one_line(self.bpe.decode(hyp.tokens))
 
     def translate_lines(self, lines, options: SearchOptions, batch_size=None, max_tokens=None,
-                        progress=None, name: str = "<input>") -> list[list[tuple[str, float]]]:
+                        progress=None, name: str = "<input>",
+                        workers: int = 1) -> list[list[tuple[str, float]]]:
         """(text, score) n-best lists, one per input line and in input order.
 
         An empty or whitespace-only line gives ``[("", 0.0)]``.
         """
         sources = self.encode_lines(lines, name)
-        results = self.translate_ids(sources, options, batch_size, max_tokens, progress)
+        results = self.translate_ids(sources, options, batch_size, max_tokens, progress, workers)
         return [[(self.detokenize(h), h.score) for h in nbest] or [("", 0.0)]
                 for nbest in results]
 

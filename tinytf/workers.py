@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import ctypes
 import multiprocessing
 import os
+
+# What OpenBLAS's thread-count setter is called in the builds that NumPy ships (scipy-openblas,
+# 64-bit integers) and in a distribution's own library.
+_OPENBLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
+                     "scipy_openblas_set_num_threads", "openblas_set_num_threads")
 
 
 def available_cpus() -> int:
@@ -20,6 +26,44 @@ def available_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def _openblas_functions(names):
+    """The first of ``names`` found in each OpenBLAS library loaded in this process (Linux)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
+    except OSError:
+        return []
+    found = []
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        function = next((getattr(lib, n) for n in names if hasattr(lib, n)), None)
+        if function is not None:
+            found.append(function)
+    return found
+
+
+def set_blas_threads(n: int) -> bool:
+    """Size the thread pool of every OpenBLAS library loaded in this process to ``n`` threads,
+    at run time (``OPENBLAS_NUM_THREADS`` is read only when NumPy loads OpenBLAS; this is what
+    threadpoolctl does). Returns False where it cannot (no OpenBLAS, not Linux)."""
+    setters = _openblas_functions(_OPENBLAS_SETTERS)
+    for setter in setters:
+        setter(ctypes.c_int(int(n)))
+    return bool(setters)
+
+
+def blas_threads() -> int | None:
+    """The thread count of the first OpenBLAS library loaded in this process (None: unknown)."""
+    getters = _openblas_functions([n.replace("_set_", "_get_") for n in _OPENBLAS_SETTERS])
+    if not getters:
+        return None
+    getters[0].restype = ctypes.c_int
+    return int(getters[0]())
 
 
 def ordered_map(fn, items, workers: int, initializer=None, initargs=()):

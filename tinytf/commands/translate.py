@@ -26,6 +26,7 @@ from tinytf.search import Hypothesis
 from tinytf.translation import (
     Progress, SearchOptions, TranslationError, Translator, corpus_bleu, corpus_chrf,
     read_text_lines, stream_line_blocks)
+from tinytf.workers import available_cpus
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-attention", default=None, metavar="DIR",
                    help="write the encoder-decoder attention of every translation (last layer, "
                         "mean over heads) as DIR/line_<N>.svg")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="decode the batches in N processes of cpus / N threads each (a small "
+                        "model's search steps are too small for a BLAS to spread over cores; "
+                        "the output is the same). Default: the CPUs this process may use; 1: "
+                        "one process (always so on a GPU)")
     p.add_argument("--buffer-size", type=int, default=1000, metavar="N",
                    help="translate the input N lines at a time (sorted by length inside a "
                         "block), writing each block before reading on; a line typed or piped "
@@ -93,7 +99,7 @@ def _check(args, parser):
         parser.error(f"--nbest {args.nbest} is larger than --beam {args.beam}")
     if args.max_len_a < 0 or args.max_len_b < 0:
         parser.error("--max-len-a and --max-len-b must not be negative")
-    for name in ("batch_size", "max_tokens"):
+    for name in ("batch_size", "max_tokens", "workers"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
 
@@ -209,6 +215,7 @@ def main(argv=None) -> int:
         if args.score_reference:
             _score_reference(args, translator, fd, out, name)
             return 0
+        workers = args.workers or available_cpus()
         progress = Progress(every=5.0) if not args.quiet else None
         best, done = [], 0
         # Read a block of lines, translate it (sorted by length inside), write and flush it
@@ -216,7 +223,7 @@ def main(argv=None) -> int:
         for lines in stream_line_blocks(fd, args.buffer_size, name, args.errors):
             sources = translator.encode_lines(lines, name)
             results = translator.translate_ids(sources, options, args.batch_size,
-                                               args.max_tokens)
+                                               args.max_tokens, workers=workers)
             out.write("".join(line + "\n" for line in _format(
                 translator, results, args.nbest, done)).encode("utf-8"))
             out.flush()

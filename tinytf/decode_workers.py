@@ -1,0 +1,46 @@
+"""Decoding length-sorted batches in worker processes: N single-threaded decoders on N cores.
+
+A search step of a small model is a few hundred products of a few hundred rows each, too
+small for a BLAS to spread over cores: two BLAS threads decode about as fast as one
+(docs/decoding.md, "Cores"). Batches are independent, and a sentence's translation does not
+depend on which sentences share its batch, so :func:`translate_batches` forks ``workers``
+processes once the model is loaded (they share its weights copy-on-write), each with
+``cpus // workers`` BLAS and row threads, hands them the batches in order, at most two per
+worker in flight (:func:`tinytf.workers.ordered_map`), and yields the n-best lists in batch
+order: the output of one process, on every core.
+"""
+from __future__ import annotations
+
+from .fast import threads as row_threads
+from .workers import available_cpus, ordered_map, set_blas_threads
+
+_translator = None   # the parent's Translator, which forked workers inherit
+
+
+def _init_worker(threads: int) -> None:
+    set_blas_threads(threads)
+    row_threads.set_threads(threads)
+
+
+def _translate_job(job):
+    sources, options = job
+    return _translator.translate_batch(sources, options)
+
+
+def translate_batches(translator, batches, options, workers: int = 1):
+    """Yield ``translator.translate_batch(batch, options)`` for each batch (lists of token-id
+    lists), in order: in this process for one worker, one batch or a GPU, else in
+    ``min(workers, len(batches))`` forked processes."""
+    global _translator
+    batches = list(batches)
+    workers = min(workers, len(batches))
+    if workers <= 1 or translator.device != "cpu":
+        for batch in batches:
+            yield translator.translate_batch(batch, options)
+        return
+    previous, _translator = _translator, translator
+    try:
+        yield from ordered_map(_translate_job, [(b, options) for b in batches], workers,
+                               _init_worker, (max(1, available_cpus() // workers),))
+    finally:
+        _translator = previous
