@@ -27,7 +27,7 @@ from ..ops.dropout import DropoutAdd, scaled_keep
 from ..ops.embedding import Embedding
 from ..ops.loss import CrossEntropy
 from ..ops.matmul import Linear
-from ..ops.norm import LayerNorm
+from ..ops.norm import LayerNorm, layer_norm_, layer_norm_grad_
 from .threads import parallel_rows
 
 
@@ -148,30 +148,19 @@ def _rows_of(*arrays):
 
 class RowParallelLayerNorm(LayerNorm):
     """:class:`LayerNorm` with the per-row statistics, normalisation and input gradient
-    computed by range of rows in threads; the parameter gradients' column sums stay whole."""
+    (``layer_norm_``, ``layer_norm_grad_``) by range of rows in threads; the parameter
+    gradients' column sums stay whole."""
 
     def forward(self, x, weight=None, bias=None, eps=1e-5):
         if not _rows_of(x, weight, bias):
             return super().forward(x, weight, bias, eps)
         d = x.shape[-1]
         x2 = x.reshape(-1, d)
-        x_hat = np.empty(x2.shape, x.dtype)
+        x_hat, out = np.empty(x2.shape, x.dtype), np.empty(x2.shape, x.dtype)
         rstd = np.empty((x2.shape[0], 1), x.dtype)
-        out = np.empty(x2.shape, x.dtype)
 
         def rows(lo, hi):
-            xs, xh = x2[lo:hi], x_hat[lo:hi]
-            np.subtract(xs, xs.mean(axis=-1, keepdims=True), out=xh)
-            var = np.einsum("...i,...i->...", xh, xh)[..., None]
-            r = rstd[lo:hi]
-            r[...] = 1.0 / np.sqrt(var * (1.0 / d) + eps)
-            xh *= r
-            if weight is not None:
-                np.multiply(xh, weight, out=out[lo:hi])
-            else:
-                out[lo:hi] = xh
-            if bias is not None:
-                out[lo:hi] += bias
+            layer_norm_(x2[lo:hi], x_hat[lo:hi], rstd[lo:hi], out[lo:hi], weight, bias, eps)
 
         parallel_rows(rows, x2.shape[0], d)
         self.save_for_backward(x_hat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1), weight)
@@ -186,14 +175,7 @@ class RowParallelLayerNorm(LayerNorm):
         gx = np.empty(g2.shape, grad.dtype)
 
         def rows(lo, hi):
-            dx_hat = g2[lo:hi] * weight if weight is not None else g2[lo:hi]
-            mean_dx_hat = dx_hat.mean(axis=-1, keepdims=True)
-            mean_dot = np.einsum("...i,...i->...", dx_hat, x_hat2[lo:hi])[..., None] * (1.0 / d)
-            out = gx[lo:hi]
-            np.multiply(x_hat2[lo:hi], mean_dot, out=out)
-            np.subtract(dx_hat, out, out=out)
-            out -= mean_dx_hat
-            out *= rstd2[lo:hi]
+            layer_norm_grad_(g2[lo:hi], x_hat2[lo:hi], rstd2[lo:hi], weight, gx[lo:hi])
 
         parallel_rows(rows, g2.shape[0], d)
         return (gx.reshape(grad.shape), *self.param_grads(grad, x_hat))

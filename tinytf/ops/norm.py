@@ -16,35 +16,18 @@ class LayerNorm(Function):
 
     def forward(self, x, weight=None, bias=None, eps=1e-5):
         xp = get_array_module(x)
-        d = x.shape[-1]
-        # x_hat starts as x - mean and is scaled in place; the variance is the row-wise dot
-        # product of x - mean with itself (einsum: no squared temporary; subtracting the
-        # mean first keeps float32 accurate).
-        x_hat = x - x.mean(axis=-1, keepdims=True)
-        var = xp.einsum("...i,...i->...", x_hat, x_hat)[..., None]
-        rstd = 1.0 / xp.sqrt(var * (1.0 / d) + eps)
-        x_hat *= rstd
+        x_hat, out = xp.empty_like(x), xp.empty_like(x)
+        rstd = xp.empty((*x.shape[:-1], 1), x.dtype)
+        layer_norm_(x, x_hat, rstd, out, weight, bias, eps)
         self.save_for_backward(x_hat, rstd, weight)
-        out = x_hat * weight if weight is not None else x_hat.copy()
-        if bias is not None:
-            out += bias
         return out
 
     def backward(self, grad):
         x_hat, rstd, weight = self.saved
-        xp = get_array_module(grad)
-        d = x_hat.shape[-1]
         gx = None
         if self.needs_input_grad[0]:
-            # The two row reductions, mean(dx_hat) and mean(dx_hat * x_hat), then the rest
-            # in one buffer: gx = rstd * (dx_hat - mean(dx_hat) - x_hat * mean(dx_hat x_hat)).
-            dx_hat = grad * weight if weight is not None else grad
-            mean_dx_hat = dx_hat.mean(axis=-1, keepdims=True)
-            mean_dot = xp.einsum("...i,...i->...", dx_hat, x_hat)[..., None] * (1.0 / d)
-            gx = x_hat * mean_dot
-            xp.subtract(dx_hat, gx, out=gx)
-            gx -= mean_dx_hat
-            gx *= rstd
+            gx = get_array_module(grad).empty_like(x_hat)
+            layer_norm_grad_(grad, x_hat, rstd, weight, gx)
         return (gx, *self.param_grads(grad, x_hat))
 
     def param_grads(self, grad, x_hat) -> list:
@@ -60,3 +43,38 @@ class LayerNorm(Function):
         if len(self.inputs) > 2:
             result.append(g2.sum(axis=0) if self.needs_input_grad[2] else None)
         return result
+
+
+# The row-wise arithmetic, into preallocated arrays, so that a faster variant can run it on
+# ranges of rows (tinytf.fast.cpu.RowParallelLayerNorm) and stay bitwise equal.
+
+def layer_norm_(x, x_hat, rstd, out, weight=None, bias=None, eps=1e-5) -> None:
+    """Into x_hat, rstd (..., 1) and out: x_hat = (x - mean) * rstd, rstd = 1 / sqrt(var +
+    eps), out = x_hat * w + b, each row of x on its own."""
+    xp = get_array_module(x)
+    # x_hat starts as x - mean and is scaled in place; the variance is the row-wise dot
+    # product of x - mean with itself (einsum: no squared temporary; subtracting the mean
+    # first keeps float32 accurate).
+    xp.subtract(x, x.mean(axis=-1, keepdims=True), out=x_hat)
+    var = xp.einsum("...i,...i->...", x_hat, x_hat)[..., None]
+    rstd[...] = 1.0 / xp.sqrt(var * (1.0 / x.shape[-1]) + eps)
+    x_hat *= rstd
+    if weight is not None:
+        xp.multiply(x_hat, weight, out=out)
+    else:
+        out[...] = x_hat
+    if bias is not None:
+        out += bias
+
+
+def layer_norm_grad_(grad, x_hat, rstd, weight, gx) -> None:
+    """Into gx: rstd * (dx_hat - mean(dx_hat) - x_hat * mean(dx_hat * x_hat)), dx_hat = g * w,
+    each row on its own: the two row reductions, then the rest in gx's buffer."""
+    xp = get_array_module(grad)
+    dx_hat = grad * weight if weight is not None else grad
+    mean_dx_hat = dx_hat.mean(axis=-1, keepdims=True)
+    mean_dot = xp.einsum("...i,...i->...", dx_hat, x_hat)[..., None] * (1.0 / x_hat.shape[-1])
+    xp.multiply(x_hat, mean_dot, out=gx)
+    xp.subtract(dx_hat, gx, out=gx)
+    gx -= mean_dx_hat
+    gx *= rstd
