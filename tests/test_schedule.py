@@ -33,17 +33,27 @@ def test_noam_peak_moves_with_warmup_but_a_given_peak_does_not():
         assert Schedule(kind, 1000, peak=2e-3).peak_lr == Schedule(kind, 100, peak=2e-3).peak_lr
 
 
-def test_linear_warms_up_holds_then_reaches_zero_at_the_end_of_the_budget():
+def test_linear_warms_up_then_decays_to_zero_at_the_end_of_the_budget():
     s = Schedule("linear", 100, peak=2e-3)
     steps = np.arange(1, 1001)
-    lrs = np.array([s(int(k), (k - 1) / 1000) for k in steps])
+    lrs = np.array([s(int(k), k / 1000) for k in steps])   # a step budget of 1000
     assert lrs.max() == pytest.approx(2e-3) and lrs.argmax() + 1 == 100
     assert np.all(np.diff(lrs[:100]) > 0)                  # warm-up: 100 updates
-    assert np.all(lrs[99:301] == pytest.approx(2e-3))      # the peak, to 30 % of the budget
-    assert np.all(np.diff(lrs[301:]) < 0)                  # then linear decay
-    assert lrs[650] == pytest.approx(2e-3 * (1 - 0.65) / 0.7)
-    assert lrs[-1] == pytest.approx(2e-3 * (1 / 1000) / 0.7) and s(1001, 1.0) == 0.0
+    assert np.all(np.diff(lrs[99:]) < 0)                   # then linear decay from the peak
+    assert np.allclose(lrs[99:], 2e-3 * (1 - steps[99:] / 1000) / (1 - 0.1))
+    assert lrs[-1] == 0.0 and s(1001, 1.0) == 0.0
     assert s(5, 1.5) == 0.0  # never negative past the budget
+
+
+def test_linear_on_a_time_budget_decays_from_where_the_warmup_ended():
+    """With --max-minutes, progress is time: the decay starts at the budget fraction that the
+    warm-up took at the run's pace, so the curve stays continuous at its peak."""
+    s = Schedule("linear", 100, peak=1e-3)
+    pace = 0.0008                                          # budget fraction per update
+    assert s(100, 100 * pace) == pytest.approx(1e-3)
+    assert s(600, 600 * pace) == pytest.approx(1e-3 * (1 - 0.48) / (1 - 0.08))
+    lrs = [s(k, k * pace) for k in range(1, 1251)]
+    assert max(abs(b - a) for a, b in zip(lrs, lrs[1:])) < 2e-5   # no jump
 
 
 def test_linear_warmup_ends_by_30_percent_of_the_budget():

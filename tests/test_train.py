@@ -433,7 +433,8 @@ def test_linear_schedule_decays_to_the_step_budget_and_resumes_bitwise(data_dir,
                           log_stream=open(os.devnull, "w"))
     run.train()
     assert run.optimizer.lr == pytest.approx(run.schedule(2 * n, (2 * n - 1) / (2 * n)))
-    assert run.optimizer.lr == pytest.approx(1e-3 * (1 / (2 * n)) / 0.7)
+    spent = (2 * n - 1) / (2 * n)   # the warm-up ended at 2 * spent / (2 * n) of the budget
+    assert run.optimizer.lr == pytest.approx(1e-3 * (1 - spent) / (1 - 2 * spent / (2 * n)))
 
     class StopHalfWay(trainer.Trainer):
         def _account(self, result, progress):

@@ -9,14 +9,17 @@ Every schedule maps (update number, budget progress) to a learning rate and stat
 ``inverse_sqrt`` lr = peak * step / warmup during warmup, then peak * sqrt(warmup / step)
                (fairseq's ``--lr-scheduler inverse_sqrt``): the same curve as ``noam``, but
                the peak is given, so changing warmup no longer changes it.
-``linear``     lr = peak * min(warm, 1, (1 - progress) / (1 - 0.3)), warm = max(step /
-               warmup, progress / 0.3), where progress in [0, 1] is the fraction of the
-               run's budget spent (updates over ``--max-steps``, or training seconds over
-               ``--max-minutes``): warm up for ``warmup`` updates or 30 % of the budget,
-               whichever ends first, hold the peak until 30 % of the budget, then decay
+``linear``     lr = peak * min(warm, 1, (1 - progress) / (1 - p_w)), warm = max(step /
+               warmup, progress / 0.3), p_w = min(0.3, warmup * progress / step), where
+               progress in [0, 1] is the fraction of the run's budget spent (updates over
+               ``--max-steps``, or training seconds over ``--max-minutes``): warm up for
+               ``warmup`` updates or 30 % of the budget, whichever ends first, then decay
                linearly to zero exactly when the budget ends (budget-aware linear decay:
-               Li et al., "Budgeted Training", 2020). The cap keeps a warm-up longer than
-               the run (a paper-sized ``--warmup 4000`` in a 10-minute run) from eating it.
+               Li et al., "Budgeted Training", 2020). p_w is where the warm-up ends, as a
+               fraction of the budget: exact for a step budget, and at the run's average
+               pace for a time budget (no state to save). The cap keeps a warm-up longer
+               than the run (a paper-sized ``--warmup 4000`` in a 10-minute run) from
+               eating it: the schedule is then a triangle, up for 30 %, down for 70 %.
 =============  =========================================================================
 
 ``step`` counts from 1. ``progress`` matters only to ``linear``.
@@ -46,15 +49,17 @@ def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:
     return peak * min(step / warmup, math.sqrt(warmup / step))
 
 
-LINEAR_WARMUP_CAP = 0.3  # linear: warm-up ends, and decay starts, at this fraction of the budget
+LINEAR_WARMUP_CAP = 0.3  # linear: the warm-up ends, and the decay starts, by this fraction
 
 
 def linear_lr(step: int, peak: float, warmup: int, progress: float) -> float:
-    """peak * min(max(step / warmup, progress / 0.3), 1, (1 - progress) / 0.7), never < 0."""
+    """peak * min(warm, 1, (1 - progress) / (1 - p_w)), warm = max(step / warmup, progress /
+    0.3), p_w = min(0.3, warmup * progress / step); never < 0."""
     step = max(int(step), 1)
     cap = LINEAR_WARMUP_CAP
     warm = max(step / warmup, progress / cap)
-    return peak * max(0.0, min(warm, 1.0, (1.0 - progress) / (1.0 - cap)))
+    warm_end = min(cap, warmup * progress / step)   # p_w: the budget spent when warm-up ends
+    return peak * max(0.0, min(warm, 1.0, (1.0 - progress) / (1.0 - warm_end)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,5 +105,5 @@ class Schedule:
             return (f"inverse_sqrt: lr = {self.peak:.2e} * min(step / {self.warmup}, "
                     f"sqrt({self.warmup} / step)), peak {self.peak:.2e} at step {self.warmup}")
         return (f"linear: warm up to {self.peak:.2e} over {self.warmup} updates or "
-                f"{LINEAR_WARMUP_CAP:.0%} of the budget, whichever is first, hold it to "
-                f"{LINEAR_WARMUP_CAP:.0%}, then decay linearly to zero at the end of the budget")
+                f"{LINEAR_WARMUP_CAP:.0%} of the budget, whichever is first, then decay "
+                f"linearly to zero at the end of the budget")
