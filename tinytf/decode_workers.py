@@ -12,7 +12,7 @@ order: the output of one process, on every core.
 from __future__ import annotations
 
 from .fast import threads as row_threads
-from .workers import available_cpus, ordered_map, set_blas_threads
+from .workers import available_cpus, can_fork, ordered_map, set_blas_threads
 
 _translator = None   # the parent's Translator, which forked workers inherit
 
@@ -29,12 +29,13 @@ def _translate_job(job):
 
 def translate_batches(translator, batches, options, workers: int = 1):
     """Yield ``translator.translate_batch(batch, options)`` for each batch (lists of token-id
-    lists), in order: in this process for one worker, one batch or a GPU, else in
-    ``min(workers, len(batches))`` forked processes."""
+    lists), in order: in this process for one worker, one batch, a GPU or a platform that
+    cannot fork (the workers must inherit the model), else in ``min(workers, len(batches))``
+    forked processes."""
     global _translator
     batches = list(batches)
     workers = min(workers, len(batches))
-    if workers <= 1 or translator.device != "cpu":
+    if workers <= 1 or translator.device != "cpu" or not can_fork():
         for batch in batches:
             yield translator.translate_batch(batch, options)
         return

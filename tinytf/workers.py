@@ -66,6 +66,12 @@ def blas_threads() -> int | None:
     return int(getters[0]())
 
 
+def can_fork() -> bool:
+    """Whether this platform starts worker processes by forking (they inherit the parent's
+    memory, such as a loaded model)."""
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
 def ordered_map(fn, items, workers: int, initializer=None, initargs=()):
     """Yield ``fn(item)`` for each item, in order: in this process for one worker (after
     ``initializer(*initargs)``), else in ``workers`` processes, each initialised once."""
@@ -74,8 +80,7 @@ def ordered_map(fn, items, workers: int, initializer=None, initargs=()):
             initializer(*initargs)
         yield from map(fn, items)
         return
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    context = multiprocessing.get_context("fork" if can_fork() else "spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
                                                 initializer=initializer,
                                                 initargs=initargs) as pool:
