@@ -95,6 +95,7 @@ def test_the_thread_count_follows_the_environment(monkeypatch):
         monkeypatch.setenv("TINYTF_THREADS", "64")
         threads.set_threads(None)
         assert threads.threads() == threads.MAX_THREADS
+        assert workers.thread_budget() == 64   # decode workers are not capped
         with pytest.raises(ValueError):
             threads.set_threads(0)
     finally:

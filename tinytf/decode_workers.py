@@ -4,17 +4,18 @@ A search step of a small model is a few hundred products of a few hundred rows e
 small for a BLAS to spread over cores: two BLAS threads decode about as fast as one
 (docs/decoding.md, "Cores"). Batches are independent, and a sentence's translation does not
 depend on which sentences share its batch, so :func:`translate_batches` forks ``workers``
-processes of the loaded model (they share its weights copy-on-write), each with ``cpus //
-workers`` BLAS and row threads, hands them the batches in order, at most two per worker in
-flight (:func:`tinytf.workers.ordered_map`), and yields the n-best lists in batch order: the
-output of one process, on every core. The workers live for one call (``translate.py``: one
-input block of ``--buffer-size`` lines); a fork costs tens of milliseconds against the
-seconds a block of 1,000 lines takes.
+processes of the loaded model (they share its weights copy-on-write), each with
+``thread_budget() // workers`` BLAS and row threads (:func:`tinytf.workers.thread_budget`:
+``OMP_NUM_THREADS=1`` keeps it to one core), hands them the batches in order, at most two
+per worker in flight (:func:`tinytf.workers.ordered_map`), and yields the n-best lists in
+batch order: the output of one process, on every core it may use. The workers live for one
+call (``translate.py``: one input block of ``--buffer-size`` lines); a fork costs tens of
+milliseconds against the seconds a block of 1,000 lines takes.
 """
 from __future__ import annotations
 
 from .fast import threads as row_threads
-from .workers import available_cpus, can_fork, ordered_map, set_blas_threads
+from .workers import can_fork, ordered_map, set_blas_threads, thread_budget
 
 _translator = None   # the parent's Translator, which forked workers inherit
 
@@ -44,6 +45,6 @@ def translate_batches(translator, batches, options, workers: int = 1):
     previous, _translator = _translator, translator
     try:
         yield from ordered_map(_translate_job, [(b, options) for b in batches], workers,
-                               _init_worker, (max(1, available_cpus() // workers),))
+                               _init_worker, (max(1, thread_budget() // workers),))
     finally:
         _translator = previous

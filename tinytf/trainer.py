@@ -54,7 +54,7 @@ from .train_config import (BPE_FILE, TrainConfig, TrainError, apply_overrides,  
 from .train_log import (Logger, format_seconds, log_run_start, log_validation, log_window,
                         write_run_config)
 from .transformer import Transformer, TransformerConfig, label_smoothed_loss
-from .workers import available_cpus
+from .workers import thread_budget
 
 
 def _step_seed(seed: int, rank: int, step: int) -> int:
@@ -589,7 +589,7 @@ class Trainer:
             out["checkpoint"] = os.path.join(self.run_dir, f"checkpoint_{self.step}.npz")
         if self.cfg.test_bleu and self.test_lines is not None:
             # Forked decoders only in a single process: no MPI state may cross a fork.
-            workers = available_cpus() if self.comm.size == 1 else 1
+            workers = thread_budget() if self.comm.size == 1 else 1
             out.update(test_scores(self.model, self.bpe, self.test_lines, self.log,
                                    self.device, self.policy.name, self.cfg.test_beam,
                                    max(self.cfg.valid_samples, 3), workers))

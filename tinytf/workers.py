@@ -28,6 +28,17 @@ def available_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def thread_budget() -> int:
+    """The cores this process is meant to use: ``TINYTF_THREADS``, else ``OMP_NUM_THREADS``,
+    else ``OPENBLAS_NUM_THREADS`` (the knobs that already size the BLAS), else the CPUs it
+    may run on. Row threads and decode workers share it."""
+    for var in ("TINYTF_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        value = os.environ.get(var, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return available_cpus()
+
+
 def _openblas_functions(names):
     """The first of ``names`` found in each OpenBLAS library loaded in this process (Linux)."""
     try:

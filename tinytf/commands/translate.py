@@ -26,7 +26,7 @@ from tinytf.search import Hypothesis
 from tinytf.translation import (
     Progress, SearchOptions, TranslationError, Translator, corpus_bleu, corpus_chrf,
     read_text_lines, stream_line_blocks)
-from tinytf.workers import available_cpus
+from tinytf.workers import thread_budget
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,9 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the encoder-decoder attention of every translation (last layer, "
                         "mean over heads) as DIR/line_<N>.svg")
     p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="decode the batches in N processes of cpus / N threads each (a small "
-                        "model's search steps are too small for a BLAS to spread over cores; "
-                        "the output is the same). Default: the CPUs this process may use; 1: "
+                   help="decode the batches in N processes of T / N threads each, T being "
+                        "$TINYTF_THREADS, $OMP_NUM_THREADS, $OPENBLAS_NUM_THREADS or the CPUs "
+                        "this process may use (a small model's search steps are too small for "
+                        "a BLAS to spread over cores; the output is the same). Default: T; 1: "
                         "one process (always so on a GPU)")
     p.add_argument("--buffer-size", type=int, default=1000, metavar="N",
                    help="translate the input N lines at a time (sorted by length inside a "
@@ -215,7 +216,7 @@ def main(argv=None) -> int:
         if args.score_reference:
             _score_reference(args, translator, fd, out, name)
             return 0
-        workers = args.workers or available_cpus()
+        workers = args.workers or thread_budget()
         progress = Progress(every=5.0) if not args.quiet else None
         best, done = [], 0
         # Read a block of lines, translate it (sorted by length inside), write and flush it

@@ -26,7 +26,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ..workers import available_cpus
+from ..workers import thread_budget
 
 MIN_ELEMENTS = 1 << 18   # rows x row_size below which splitting does not pay
 MAX_THREADS = 8          # row passes are memory-bound: more threads than this gain nothing
@@ -40,13 +40,7 @@ def threads() -> int:
     """The number of threads that row-parallel ops use (see the module's docstring)."""
     global _threads
     if _threads is None:
-        for var in ("TINYTF_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            value = os.environ.get(var, "").strip()
-            if value.isdigit() and int(value) > 0:
-                _threads = min(int(value), MAX_THREADS)
-                break
-        else:
-            _threads = min(available_cpus(), MAX_THREADS)
+        _threads = min(thread_budget(), MAX_THREADS)
     return _threads
 
 
