@@ -119,7 +119,7 @@ def race(contestants, sources, batches):
 
 
 def race_workers(contestants, translator, sources, batches, options, workers, expected,
-                 batch_size):
+                 batch_size, threads):
     """The whole set, twice, alternating: tinytf's batches in ``workers`` processes
     (:mod:`tinytf.decode_workers`), then each other contestant's batches in turn, in one
     process; prints sentences/s and the ratio, and checks tinytf's outputs."""
@@ -141,14 +141,8 @@ def race_workers(contestants, translator, sources, batches, options, workers, ex
     line = ", ".join(f"{name} {n / t:.2f} sentences/s" for name, t in wall.items())
     print(f"whole set, tinytf in {workers} processes: {line}", flush=True)
     if "torch" in wall:
-        print(f"tinytf ({workers} processes) / torch ({torch_threads()} threads) speed: "
+        print(f"tinytf ({workers} processes) / torch ({threads} threads) speed: "
               f"{wall['torch'] / wall['tinytf workers']:.2f}x wall", flush=True)
-
-
-def torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 def main(args):
@@ -194,7 +188,7 @@ def main(args):
 
     if args.workers > 0:
         race_workers(contestants, translator, sources, batches, options, args.workers, ours,
-                     args.batch_size)
+                     args.batch_size, args.threads)
     if args.recompute_sentences <= 0:
         return
     sub = sources[: args.recompute_sentences]
