@@ -238,9 +238,14 @@ def test_alphabet_cut_to_budget():
     assert all(bpe.decode(bpe.encode(line)) == line for line in lines)
 
 
-def test_pair_that_would_repeat_a_piece_is_skipped():
+@pytest.mark.parametrize("few", [None, 0, 10**9])
+def test_pair_that_would_repeat_a_piece_is_skipped(few):
     """Every merge makes a new piece: a pair spelling an existing piece is never merged."""
-    from tinytf.text.learn import learn_merges
+    from tinytf.text.learn import learn_merges as sequential
+    from tinytf.text.learn_array import learn_merges_array
+
+    def learn_merges(*args):
+        return sequential(*args) if few is None else learn_merges_array(*args, few=few)
     pieces = [None] * FIRST_SYMBOL_ID + ["▁", "x", "▁x", "y"]
     ids = {p: i for i, p in enumerate(pieces) if p}
     words = [[ids["▁"], ids["x"]], [ids["▁x"], ids["y"]]]  # "▁ x" would make "▁x" again
@@ -262,6 +267,32 @@ def test_incremental_learner_matches_full_recount_on_repeats(lines, min_frequenc
     """Tiny alphabets give ties and overlapping pairs ("a a a"), where updates go wrong."""
     assert BPE.learn(lines, vocab_size=400, min_frequency=min_frequency).merges == \
         reference_learn(lines, 400, min_frequency)
+
+
+@pytest.mark.parametrize("few", [0, 4, 10**9])
+def test_array_learner_equals_sequential(sample, few, monkeypatch):
+    """Every merge by NumPy (few=0), every merge in Python (10**9), or both: the merges of
+    the sequential `learn_merges`, on real text."""
+    from tinytf.text import learn, learn_array
+    monkeypatch.setattr(learn_array, "FEW", few)
+    array = BPE.learn(sample[:1500], vocab_size=1200, min_frequency=1)
+    monkeypatch.setattr(learn, "learn_merges_array", learn.learn_merges)
+    sequential = BPE.learn(sample[:1500], vocab_size=1200, min_frequency=1)
+    assert len(array.merges) > 800 and array.merges == sequential.merges
+
+
+@pytest.mark.parametrize("few", [0, 10**9])
+@given(lines=st.lists(st.text(alphabet="aab b.", max_size=12), max_size=30),
+       min_frequency=st.integers(1, 3))
+def test_array_learner_matches_full_recount_on_repeats(few, lines, min_frequency):
+    """Ties, adjacent ("abab") and overlapping ("a a a") occurrences in both merge paths."""
+    from tinytf.text import learn_array
+    saved, learn_array.FEW = learn_array.FEW, few
+    try:
+        merges = BPE.learn(lines, vocab_size=400, min_frequency=min_frequency).merges
+    finally:
+        learn_array.FEW = saved
+    assert merges == reference_learn(lines, 400, min_frequency)
 
 
 @given(st.lists(st.sampled_from(["Haus", "Häuser", "ein", "einer", "Straße.", "newest",

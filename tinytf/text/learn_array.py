@@ -1,0 +1,240 @@
+"""The BPE merge loop of `tinytf.text.merges.learn_merges`, with each merge done by NumPy.
+
+Same merges, same order, same tie-breaking (tests check it against `learn_merges` and a full
+recount); what changes is where the words live and who rewrites them. `learn_merges` keeps
+each word as a Python list and visits the occurrences of a merged pair one by one, which is
+most of a learning run's time. Here all words are one array of symbols linked into words:
+
+* ``sym[i]``: the symbol at position i (-1 once merged into its left neighbour);
+* ``nxt[i]``, ``prv[i]``: the positions of the next and previous live symbol of the same word
+  (-1 at the word's ends); ``freq[i]``: the frequency of the word that position i is in;
+* ``pair[i]``: the number of the pair that starts at position i (-1 if none). Pairs are
+  numbered as they appear; ``count[n]`` is pair n's frequency, ``left[n]``, ``right[n]`` its
+  symbols.
+
+A pair appears in one go: the pairs of the initial words at the start, and a pair with the
+piece ``new`` only in the merge that makes ``new``. So the positions where pair n ever was
+are one slice of the positions listed when it appeared, and ``pair[i] == n`` says whether it
+still is there.
+
+A merge of ``(a, b)`` into ``new`` takes the positions that still hold the pair and rewrites
+them all at once: ``x a b y -> x new y`` unlinks the ``b``, takes ``(x, a)`` and ``(b, y)``
+off the counts and numbers the new pairs ``(x, new)`` and ``(new, y)``. Two cases need care,
+both as in the sequential loop:
+
+* **adjacent occurrences** ``a b a b -> new new``: the pair between them, ``(b, a)``, is
+  removed once and becomes ``(new, new)``, not ``(new, a)`` plus ``(b, new)``;
+* **overlapping occurrences** when ``a == b``: ``a a a -> aa a``, left to right, so of a run
+  of occurrences every other one is merged.
+
+The lazy heap of ``(-count, left piece, right piece, pair)`` is `learn_merges`'s; Python
+touches only the pairs a merge makes (to push them) and nothing per occurrence.
+"""
+import heapq
+from itertools import chain
+
+import numpy as np
+
+from tinytf.text.merges import MASK, MAX_SYMBOLS, SHIFT
+
+
+class WordArray:
+    """Many words as one linked array of symbol ids, with their pairs numbered (see the
+    module docstring)."""
+
+    def __init__(self, words, freqs):
+        lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+        n = int(lengths.sum())
+        self.sym = np.fromiter(chain.from_iterable(words), dtype=np.int64, count=n)
+        self.freq = np.repeat(np.asarray(freqs, dtype=np.int64), lengths)
+        index = np.arange(n, dtype=np.int64)
+        last = (np.cumsum(lengths) - 1)[lengths > 0]  # the last position of each word
+        first = last - lengths[lengths > 0] + 1
+        self.nxt, self.prv = index + 1, index - 1
+        self.nxt[last], self.prv[first] = -1, -1
+        self.start = np.zeros(n, dtype=bool)  # scratch: positions merged in this merge
+        self.end = np.zeros(n, dtype=bool)    # scratch: their right symbols
+        # Number the initial pairs and list their positions.
+        self.pair = np.full(n, -1, dtype=np.int64)
+        pos = np.flatnonzero(self.nxt >= 0)
+        self.pairs = 0  # pairs numbered so far; the arrays below grow by doubling
+        self.left = self.right = self.count = self.batch = self.lo = self.hi = np.zeros(0, int)
+        self.listed = []  # the positions listed, one array per merge (and one at the start)
+        self._number((self.sym[pos] << SHIFT) | self.sym[self.nxt[pos]], pos, self.freq[pos])
+
+    def occurrences(self, n):
+        """The positions that hold pair `n` now; of a run of overlapping ones (``a == b``)
+        every other one, left to right."""
+        listed = self.listed[self.batch[n]][self.lo[n]:self.hi[n]]
+        pos = listed[self.pair[listed] == n]
+        if self.left[n] == self.right[n] and len(pos) > 1:
+            pos = np.sort(pos)
+            right = self.nxt[pos]
+            if (pos[1:] == right[:-1]).any():  # rare: "a a a"; resolve left to right
+                keep = np.ones(len(pos), dtype=bool)
+                taken = -1
+                for k, (p, r) in enumerate(zip(pos.tolist(), right.tolist())):
+                    if p == taken:
+                        keep[k] = False
+                    else:
+                        taken = r
+                pos = pos[keep]
+        return pos
+
+    def merge(self, pos, new):
+        """Rewrite the occurrences at `pos` into symbol `new`, update the counts and number
+        the pairs made. Returns the numbers of the new pairs."""
+        if not len(pos):
+            return pos
+        sym, nxt, prv, pair, count = self.sym, self.nxt, self.prv, self.pair, self.count
+        right = nxt[pos]
+        x, y = prv[pos], nxt[right]
+        f = self.freq[pos]
+        self.start[pos] = True
+        self.end[right] = True
+        # The left pair (x, a) changes unless x is the b of an occurrence merged now (then
+        # the occurrence before changed the pair between them as its right pair).
+        has_left = x >= 0
+        has_left[has_left] = ~self.end[x[has_left]]
+        has_y = y >= 0
+        followed = np.zeros(len(pos), dtype=bool)
+        followed[has_y] = self.start[y[has_y]]
+        xl, at, yr = x[has_left], pos[has_y], y[has_y]
+        np.subtract.at(count, pair[xl], f[has_left])        # (x, a) and (b, y) are gone
+        np.subtract.at(count, pair[right[has_y]], f[has_y])
+        made = np.concatenate(((sym[xl] << SHIFT) | new,
+                               (new << SHIFT) | np.where(followed[has_y], new, sym[yr])))
+        made_at = np.concatenate((xl, at))
+        made_f = np.concatenate((f[has_left], f[has_y]))
+        self.start[pos] = False
+        self.end[right] = False
+        # Relink: x a b y -> x new y.
+        sym[pos] = new
+        sym[right] = -1
+        nxt[pos] = y
+        prv[yr] = at
+        pair[right] = -1
+        pair[pos] = -1  # the pair (new, y), where there is one, is numbered below
+        return self._number(made, made_at, made_f)
+
+    def merge_few(self, n, new):
+        """`occurrences` and `merge` of pair `n` one occurrence at a time, left to right, in
+        Python: faster than NumPy's fixed cost for a merge of a few words. Returns the
+        numbers of the new pairs, as `merge` does."""
+        sym, nxt, prv, pair, count, freq = (self.sym, self.nxt, self.prv, self.pair,
+                                            self.count, self.freq)
+        a, b = int(self.left[n]), int(self.right[n])
+        listed = self.listed[self.batch[n]][self.lo[n]:self.hi[n]].tolist()
+        made = {}      # pair key -> [count, positions]
+        made_at = {}   # position -> key of the pair made there (the last one counts)
+
+        def make(key, at, f):
+            entry = made.setdefault(key, [0, []])
+            entry[0] += f
+            entry[1].append(at)
+            made_at[at] = key
+
+        for p in sorted(p for p in listed if pair[p] == n):
+            q = int(nxt[p])
+            if sym[p] != a or q < 0 or sym[q] != b:  # merged into an overlapping one
+                continue
+            x, y, f = int(prv[p]), int(nxt[q]), int(freq[p])
+            if x >= 0:
+                if x in made_at:  # x is the occurrence just before: undo its (new, a)
+                    made[made_at[x]][0] -= f
+                else:
+                    count[pair[x]] -= f
+                make((int(sym[x]) << SHIFT) | new, x, f)
+            if y >= 0:
+                count[pair[q]] -= f
+                make((new << SHIFT) | int(sym[y]), p, f)
+                prv[y] = p
+            sym[p], sym[q], nxt[p], pair[p], pair[q] = new, -1, y, -1, -1
+        keys = [key for key, (c, _) in made.items() if c]
+        first = self.pairs
+        self._reserve(first + len(keys))
+        numbers, positions = {}, []
+        for m, key in enumerate(keys, first):
+            c, at = made[key]
+            numbers[key] = m
+            self.lo[m] = len(positions)
+            positions += at
+            self.hi[m] = len(positions)
+            self.left[m], self.right[m], self.count[m] = key >> SHIFT, key & MASK, c
+            self.batch[m] = len(self.listed)
+        self.listed.append(np.array(positions, dtype=np.int64))
+        for at, key in made_at.items():
+            pair[at] = numbers[key]
+        self.pairs = first + len(keys)
+        return np.arange(first, self.pairs)
+
+    def _reserve(self, size):
+        """Room for `size` pairs in the per-pair arrays (doubling)."""
+        if size > len(self.count):
+            capacity = max(size, 2 * len(self.count))
+            for name in ("left", "right", "count", "batch", "lo", "hi"):
+                grown = np.zeros(capacity, dtype=np.int64)
+                grown[:self.pairs] = getattr(self, name)[:self.pairs]
+                setattr(self, name, grown)
+
+    def _number(self, keys, at, f):
+        """Number the distinct pairs among `keys` (``left << SHIFT | right``) at positions
+        `at` of words of frequencies `f`, list their positions; returns their numbers."""
+        keys, number = np.unique(keys, return_inverse=True)
+        first, end = self.pairs, self.pairs + len(keys)
+        self._reserve(end)
+        self.pairs = end
+        self.pair[at] = first + number
+        bounds = np.cumsum(np.bincount(number, minlength=len(keys)))
+        self.lo[first:end] = np.concatenate(([0], bounds[:-1]))
+        self.hi[first:end] = bounds
+        self.batch[first:end] = len(self.listed)
+        self.listed.append(at[np.argsort(number, kind="stable")])
+        self.left[first:end], self.right[first:end] = keys >> SHIFT, keys & MASK
+        self.count[first:end] = np.bincount(number, weights=f, minlength=len(keys))
+        return np.arange(first, end)
+
+
+FEW = 16  # listed positions up to which a merge is done in Python (`WordArray.merge_few`)
+
+
+def learn_merges_array(words, freqs, pieces, piece_ids, vocab_size, min_frequency, few=None):
+    """`tinytf.text.merges.learn_merges` with the words in a `WordArray` (the same arguments
+    and result; `words` is left as it was). Merges of pairs listed at more than `few`
+    positions (default `FEW`) are done by NumPy (`WordArray.merge`), the others in Python."""
+    few = FEW if few is None else few
+    array = WordArray(words, freqs)
+
+    def entries(numbers):  # heap entries of the pairs `numbers` that may still be merged
+        counts = array.count[numbers]
+        numbers = numbers[counts >= min_frequency]
+        return [(-c, pieces[a], pieces[b], n) for n, c, a, b in zip(
+            numbers.tolist(), array.count[numbers].tolist(), array.left[numbers].tolist(),
+            array.right[numbers].tolist())]
+
+    heap = entries(np.arange(array.pairs))
+    heapq.heapify(heap)
+    merges = []
+    while heap and len(pieces) < vocab_size:
+        neg_count, left, right, n = heapq.heappop(heap)
+        count = int(array.count[n])
+        if count != -neg_count:  # stale entry: put it back with its true count
+            if count >= min_frequency:
+                heapq.heappush(heap, (-count, left, right, n))
+            continue
+        if left + right in piece_ids:  # would repeat a piece: never merge this pair
+            continue
+        new = len(pieces)
+        if new >= MAX_SYMBOLS:
+            raise ValueError(f"BPE.learn: more than {MAX_SYMBOLS} pieces")
+        pieces.append(left + right)
+        piece_ids[left + right] = new
+        merges.append((int(array.left[n]), int(array.right[n])))
+        if array.hi[n] - array.lo[n] <= few:
+            made = array.merge_few(n, new)
+        else:
+            made = array.merge(array.occurrences(n), new)
+        array.count[n] = 0  # every occurrence is merged
+        for entry in entries(made):
+            heapq.heappush(heap, entry)
+    return merges
