@@ -10,6 +10,7 @@ import sys
 from collections import Counter
 from itertools import chain
 
+import numpy as np
 import pytest
 import regex
 from hypothesis import given, strategies as st
@@ -276,7 +277,14 @@ def test_array_learner_equals_sequential(sample, few, monkeypatch):
     from tinytf.text import learn, learn_array
     monkeypatch.setattr(learn_array, "FEW", few)
     array = BPE.learn(sample[:1500], vocab_size=1200, min_frequency=1)
-    monkeypatch.setattr(learn, "learn_merges_array", learn.learn_merges)
+
+    def sequential_loop(words, freqs, *rest):  # learn_bpe's arrays as lists
+        symbols, lengths = words
+        ends = np.cumsum(lengths).tolist()
+        lists = [symbols[e - n:e].tolist() for n, e in zip(lengths.tolist(), ends)]
+        return learn.learn_merges(lists, freqs.tolist(), *rest)
+
+    monkeypatch.setattr(learn, "learn_merges_array", sequential_loop)
     sequential = BPE.learn(sample[:1500], vocab_size=1200, min_frequency=1)
     assert len(array.merges) > 800 and array.merges == sequential.merges
 
@@ -293,6 +301,20 @@ def test_array_learner_matches_full_recount_on_repeats(few, lines, min_frequency
     finally:
         learn_array.FEW = saved
     assert merges == reference_learn(lines, 400, min_frequency)
+
+
+@given(st.lists(st.text(st.characters(exclude_categories=()), max_size=6)
+                | st.sampled_from([" ", "  x", " \tx", " \ud800", " ab", "\u00a0b"]), max_size=20))
+def test_spelled_words_are_initial_units(words):
+    """`spell_words` (arrays, used by learning) gives `initial_units` of every word, lone
+    surrogates and whitespace runs included."""
+    from tinytf.text.learn import spell_words, unit_text
+    counts = {w: k + 1 for k, w in enumerate(dict.fromkeys(w for w in words if w))}
+    units, lengths, counted = spell_words(counts)
+    assert [unit_text(u) for u in units.tolist()] == \
+        [u for w in counts for u in initial_units(w)]
+    assert lengths.tolist() == [len(initial_units(w)) for w in counts]
+    assert counted.tolist() == list(counts.values())
 
 
 @given(st.lists(st.sampled_from(["Haus", "Häuser", "ein", "einer", "Straße.", "newest",

@@ -10,9 +10,11 @@ those modules for the algorithm and its tie-breaking).
 import os
 from collections import Counter
 
+import numpy as np
+
 from tinytf.text.learn_array import learn_merges_array
 from tinytf.text.merges import MAX_SYMBOLS, learn_merges  # noqa: F401 (re-exported)
-from tinytf.text.pretokenize import LINE_START, PRETOKEN, can_be_piece, initial_units, show
+from tinytf.text.pretokenize import LINE_START, PRETOKEN, can_be_piece, show
 from tinytf.workers import ordered_map
 
 
@@ -149,6 +151,56 @@ def as_paths(inputs):
     return None
 
 
+GLUED = 0x110000  # unit code of a space glued to character c: GLUED + ord(c)
+
+
+def spell_words(word_counts):
+    """The initial symbols (`initial_units`) of every word of `word_counts`, as arrays:
+    ``(units, lengths, counts)``: the units of all words one after the other, each a code
+    (``ord(c)`` for a character, ``GLUED + ord(c)`` for a space glued to c), the number of
+    units of each word, and each word's count."""
+    text = "".join(word_counts)
+    chars = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    chars = chars.astype(np.int64)
+    sizes = np.fromiter(map(len, word_counts), dtype=np.int64, count=len(word_counts))
+    counts = np.fromiter(word_counts.values(), dtype=np.int64, count=len(word_counts))
+    starts = np.cumsum(sizes) - sizes
+    # A leading space is glued to the next character unless that one is whitespace too.
+    glue = (sizes > 1) & (chars[starts] == 32)
+    second = chars[starts[glue] + 1]
+    distinct, number = np.unique(second, return_inverse=True)
+    space = np.array([chr(c).isspace() for c in distinct.tolist()], dtype=bool)
+    glue[glue] = ~space[number]
+    chars[starts[glue] + 1] += GLUED
+    keep = np.ones(len(chars), dtype=bool)
+    keep[starts[glue]] = False
+    return chars[keep], sizes - glue, counts
+
+
+def unit_text(code):
+    """The raw text of a unit code of `spell_words`."""
+    return " " + chr(code - GLUED) if code >= GLUED else chr(code)
+
+
+def cut_at_bytes(ids, lengths, counts):
+    """Words of symbol ids (``ids``: all words' one after the other, ``lengths`` units each,
+    -1 for a unit spelled in bytes) cut at their byte-spelled units, which are never merged;
+    pieces of one symbol are left out (they hold no pair). Returns ``(symbols, lengths,
+    counts)`` of the pieces, as arrays."""
+    if not len(ids):
+        return ids, lengths[:0], counts[:0]
+    word_start = np.zeros(len(ids), dtype=bool)
+    word_start[(np.cumsum(lengths) - lengths)[lengths > 0]] = True
+    new = word_start.copy()
+    new[1:] |= ids[:-1] < 0  # a new piece after each byte-spelled unit
+    piece = np.cumsum(new) - 1
+    piece_count = np.repeat(counts, lengths)[new]
+    live = ids >= 0
+    size = np.bincount(piece[live], minlength=len(piece_count))
+    keep = live & (size[piece] > 1)
+    return ids[keep], size[size > 1], piece_count[size > 1]
+
+
 def learn_bpe(inputs, vocab_size, min_frequency, first_id, workers=1):
     """Learn ``(alphabet, merges)`` from files or lines; see `tinytf.text.bpe.BPE.learn`.
 
@@ -156,39 +208,26 @@ def learn_bpe(inputs, vocab_size, min_frequency, first_id, workers=1):
     alphabet: piece strings, most frequent first; merges: (left, right) piece strings in order.
     """
     word_counts = count_words(inputs, workers)
-    word_units = [initial_units(word) for word in word_counts]
-    unit_counts = Counter()
-    for units, count in zip(word_units, word_counts.values()):
-        for unit in units:
-            unit_counts[unit] += count
+    units, lengths, counts = spell_words(word_counts)
     # The alphabet: every initial symbol that may be a piece, most frequent first (ties: string
     # order), cut to the budget; the lone space always (for runs of spaces). The rest is
     # spelled in bytes and never merged.
-    unit_counts[" "] += 0
-    units = sorted((u for u in unit_counts if all(map(can_be_piece, u))),
-                   key=lambda u: (-unit_counts[u], show(u)))[:vocab_size - first_id]
-    pieces = [None] * first_id + [show(u) for u in units]
-    unit_ids = {u: first_id + i for i, u in enumerate(units)}
-    words, freqs = [], []
-    for units, count in zip(word_units, word_counts.values()):
-        ids = list(map(unit_ids.get, units))
-        if None in ids:  # a byte-spelled symbol cuts the word: bytes are never merged
-            segment = []
-            for i in ids + [None]:
-                if i is not None:
-                    segment.append(i)
-                    continue
-                if len(segment) > 1:
-                    words.append(segment)
-                    freqs.append(count)
-                segment = []
-        elif len(ids) > 1:
-            words.append(ids)
-            freqs.append(count)
-    del word_counts, word_units, unit_counts   # the merge loop needs only words and freqs
+    distinct, number = np.unique(units, return_inverse=True)
+    unit_counts = np.bincount(number, weights=np.repeat(counts, lengths),
+                              minlength=len(distinct)).astype(np.int64).tolist()
+    unit_count = dict(zip(map(unit_text, distinct.tolist()), unit_counts))
+    unit_count.setdefault(" ", 0)
+    alphabet_units = sorted((u for u in unit_count if all(map(can_be_piece, u))),
+                            key=lambda u: (-unit_count[u], show(u)))[:vocab_size - first_id]
+    pieces = [None] * first_id + [show(u) for u in alphabet_units]
+    unit_ids = {u: first_id + i for i, u in enumerate(alphabet_units)}
+    ids = np.array([unit_ids.get(unit_text(c), -1) for c in distinct.tolist()], dtype=np.int64)
+    words = cut_at_bytes(ids[number], lengths, counts)
+    del word_counts, units, number  # the merge loop needs only the words and their counts
     alphabet = pieces[first_id:]
     piece_ids = {p: i for i, p in enumerate(pieces) if p is not None}
-    merges = learn_merges_array(words, freqs, pieces, piece_ids, vocab_size, min_frequency)
+    merges = learn_merges_array(words[:2], words[2], pieces, piece_ids, vocab_size,
+                                min_frequency)
     return alphabet, [(pieces[a], pieces[b]) for a, b in merges]
 
 

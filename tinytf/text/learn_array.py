@@ -43,9 +43,15 @@ class WordArray:
     module docstring)."""
 
     def __init__(self, words, freqs):
-        lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
-        n = int(lengths.sum())
-        self.sym = np.fromiter(chain.from_iterable(words), dtype=np.int64, count=n)
+        """words: a list of lists of symbol ids, or ``(symbols, lengths)``: all words' ids
+        one after the other and each word's length, as arrays; freqs: each word's count."""
+        if isinstance(words, tuple):
+            self.sym, lengths = np.array(words[0], dtype=np.int64), words[1]
+            n = len(self.sym)
+        else:
+            lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+            n = int(lengths.sum())
+            self.sym = np.fromiter(chain.from_iterable(words), dtype=np.int64, count=n)
         self.freq = np.repeat(np.asarray(freqs, dtype=np.int64), lengths)
         index = np.arange(n, dtype=np.int64)
         last = (np.cumsum(lengths) - 1)[lengths > 0]  # the last position of each word
@@ -200,7 +206,8 @@ FEW = 16  # listed positions up to which a merge is done in Python (`WordArray.m
 
 def learn_merges_array(words, freqs, pieces, piece_ids, vocab_size, min_frequency, few=None):
     """`tinytf.text.merges.learn_merges` with the words in a `WordArray` (the same arguments
-    and result; `words` is left as it was). Merges of pairs listed at more than `few`
+    and result; `words` is left as it was, and may also be a pair of arrays, as `WordArray`
+    takes it). Merges of pairs listed at more than `few`
     positions (default `FEW`) are done by NumPy (`WordArray.merge`), the others in Python."""
     few = FEW if few is None else few
     array = WordArray(words, freqs)
