@@ -125,8 +125,8 @@ class WordArray:
 
     def merge_few(self, n, new):
         """`occurrences` and `merge` of pair `n` one occurrence at a time, left to right, in
-        Python: faster than NumPy's fixed cost for a merge of a few words. Returns the
-        numbers of the new pairs, as `merge` does."""
+        Python: faster than NumPy's fixed cost for a merge of a few words. Returns the new
+        pairs as ``(number, count, left, right)``."""
         sym, nxt, prv, pair, count, freq = (self.sym, self.nxt, self.prv, self.pair,
                                             self.count, self.freq)
         a, b = int(self.left[n]), int(self.right[n])
@@ -159,20 +159,22 @@ class WordArray:
         keys = [key for key, (c, _) in made.items() if c]
         first = self.pairs
         self._reserve(first + len(keys))
-        numbers, positions = {}, []
+        numbers, positions, pairs = {}, [], []
+        lo, hi, left, right, batch, count = (self.lo, self.hi, self.left, self.right,
+                                             self.batch, self.count)  # after _reserve
         for m, key in enumerate(keys, first):
             c, at = made[key]
             numbers[key] = m
-            self.lo[m] = len(positions)
+            lo[m] = len(positions)
             positions += at
-            self.hi[m] = len(positions)
-            self.left[m], self.right[m], self.count[m] = key >> SHIFT, key & MASK, c
-            self.batch[m] = len(self.listed)
+            hi[m] = len(positions)
+            left[m], right[m], count[m], batch[m] = key >> SHIFT, key & MASK, c, len(self.listed)
+            pairs.append((m, c, key >> SHIFT, key & MASK))
         self.listed.append(np.array(positions, dtype=np.int64))
         for at, key in made_at.items():
             pair[at] = numbers[key]
         self.pairs = first + len(keys)
-        return np.arange(first, self.pairs)
+        return pairs
 
     def _reserve(self, size):
         """Room for `size` pairs in the per-pair arrays (doubling)."""
@@ -238,10 +240,11 @@ def learn_merges_array(words, freqs, pieces, piece_ids, vocab_size, min_frequenc
         piece_ids[left + right] = new
         merges.append((int(array.left[n]), int(array.right[n])))
         if array.hi[n] - array.lo[n] <= few:
-            made = array.merge_few(n, new)
+            made = [(-c, pieces[a], pieces[b], m) for m, c, a, b in array.merge_few(n, new)
+                    if c >= min_frequency]
         else:
-            made = array.merge(array.occurrences(n), new)
+            made = entries(array.merge(array.occurrences(n), new))
         array.count[n] = 0  # every occurrence is merged
-        for entry in entries(made):
+        for entry in made:
             heapq.heappush(heap, entry)
     return merges
