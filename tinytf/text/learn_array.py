@@ -35,7 +35,7 @@ from itertools import chain
 
 import numpy as np
 
-from tinytf.text.merges import MASK, MAX_SYMBOLS, SHIFT
+from tinytf.text.merges import MASK, SHIFT, add_piece, best_pair
 
 
 class WordArray:
@@ -224,20 +224,12 @@ def learn_merges_array(words, freqs, pieces, piece_ids, vocab_size, min_frequenc
     heap = entries(np.arange(array.pairs))
     heapq.heapify(heap)
     merges = []
-    while heap and len(pieces) < vocab_size:
-        neg_count, left, right, n = heapq.heappop(heap)
-        count = int(array.count[n])
-        if count != -neg_count:  # stale entry: put it back with its true count
-            if count >= min_frequency:
-                heapq.heappush(heap, (-count, left, right, n))
-            continue
-        if left + right in piece_ids:  # would repeat a piece: never merge this pair
-            continue
-        new = len(pieces)
-        if new >= MAX_SYMBOLS:
-            raise ValueError(f"BPE.learn: more than {MAX_SYMBOLS} pieces")
-        pieces.append(left + right)
-        piece_ids[left + right] = new
+    while len(pieces) < vocab_size:
+        best = best_pair(heap, lambda k: int(array.count[k]), piece_ids, min_frequency)
+        if best is None:
+            break
+        left, right, n = best
+        new = add_piece(pieces, piece_ids, left, right)
         merges.append((int(array.left[n]), int(array.right[n])))
         if array.hi[n] - array.lo[n] <= few:
             made = [(-c, pieces[a], pieces[b], m) for m, c, a, b in array.merge_few(n, new)

@@ -27,15 +27,40 @@ MASK = (1 << SHIFT) - 1
 MAX_SYMBOLS = 1 << SHIFT
 
 
-def learn_merges(words, freqs, pieces, piece_ids, vocab_size, min_frequency, merges=None):
+def best_pair(heap, count_of, piece_ids, min_frequency):
+    """Pop the lazy heap's best pair that may be merged: ``(left, right, key)``, or None when
+    no pair of `min_frequency` or more is left. `count_of(key)` is a pair's true count; a
+    stale entry goes back with it, and a pair whose merged string already is a piece is
+    dropped (never merged)."""
+    while heap:
+        neg_count, left, right, key = heapq.heappop(heap)
+        count = count_of(key)
+        if count != -neg_count:  # stale entry: put it back with its true count
+            if count >= min_frequency:
+                heapq.heappush(heap, (-count, left, right, key))
+            continue
+        if left + right not in piece_ids:
+            return left, right, key
+    return None
+
+
+def add_piece(pieces, piece_ids, left, right):
+    """Append the piece ``left + right``; returns its id."""
+    new = len(pieces)
+    if new >= MAX_SYMBOLS:
+        raise ValueError(f"BPE.learn: more than {MAX_SYMBOLS} pieces")
+    pieces.append(left + right)
+    piece_ids[left + right] = new
+    return new
+
+
+def learn_merges(words, freqs, pieces, piece_ids, vocab_size, min_frequency):
     """Greedily merge the most frequent adjacent pair until `pieces` holds `vocab_size` pieces.
 
     words: list of lists of symbol ids (changed in place); freqs: their counts; pieces: list of
     piece strings by id (appended to); piece_ids: piece string -> id (updated). Stops early when
     the best pair occurs fewer than `min_frequency` times. Returns the merges as id pairs, in
-    order, after `merges` (the merges that made `words` what they are, when continuing a run:
-    `tinytf.text.learn_array` hands its last, small merges over to this loop). A pair whose
-    merged string already is a piece is skipped (never merged).
+    order. A pair whose merged string already is a piece is skipped (never merged).
     """
     counts = defaultdict(int)
     where = defaultdict(list)
@@ -49,23 +74,15 @@ def learn_merges(words, freqs, pieces, piece_ids, vocab_size, min_frequency, mer
     heap = [(-c, pieces[k >> SHIFT], pieces[k & MASK], k)
             for k, c in counts.items() if c >= min_frequency]
     heapq.heapify(heap)
-    merges = [] if merges is None else merges
+    merges = []
     last_merge = [0] * len(words)  # the merge that last rewrote word i: skips repeats in where
-    while heap and len(pieces) < vocab_size:
-        neg_count, left, right, key = heapq.heappop(heap)
-        count = counts.get(key, 0)
-        if count != -neg_count:  # stale entry: put it back with its true count
-            if count >= min_frequency:
-                heapq.heappush(heap, (-count, left, right, key))
-            continue
-        if left + right in piece_ids:  # would repeat a piece: never merge this pair
-            continue
+    while len(pieces) < vocab_size:
+        best = best_pair(heap, lambda k: counts.get(k, 0), piece_ids, min_frequency)
+        if best is None:
+            break
+        left, right, key = best
         a, b = key >> SHIFT, key & MASK
-        new = len(pieces)
-        if new >= MAX_SYMBOLS:
-            raise ValueError(f"BPE.learn: more than {MAX_SYMBOLS} pieces")
-        pieces.append(left + right)
-        piece_ids[left + right] = new
+        new = add_piece(pieces, piece_ids, left, right)
         merges.append((a, b))
         step = len(merges)
         grown = set()  # the new pairs (with the new piece); they go into the heap
