@@ -330,6 +330,57 @@ def test_encode_matches_sequential_merges_on_real_words(bpe, sample):
         assert list(bpe.encode_word(w)) == reference_encode_word(bpe, w), w
 
 
+def test_array_encoding_equals_encode_word_on_real_words(bpe, sample):
+    """`encode_words` (all words at once by NumPy) gives `encode_word` of every pre-token of
+    real text, and words with characters outside the alphabet (byte fallback) too."""
+    words = list(dict.fromkeys(w for line in sample for w in pretokenize(line)))
+    words += [" 中文", "€uro", " x\ud800y", " \t", "  ", " İstanbul"]
+    encoder = bpe._encoder
+    assert len(words) > 5000
+    assert encoder.encode_words(words) == [encoder.encode_word(w) for w in words]
+
+
+AAB = BPE.learn(["aaaa aab ab.ab aaa b.b"] * 3 + ["a a a", "aaaaaaa ba"], vocab_size=300,
+                min_frequency=1)
+
+
+@given(st.lists(st.text(alphabet="aab.é\t", max_size=10).map(lambda w: " " + w)
+                | st.text(alphabet="aab.", min_size=1, max_size=10), min_size=1, max_size=40))
+def test_array_encoding_of_repeats_and_overlaps(words):
+    """Runs of one symbol ("aaaaaaa": overlapping (a, a) pairs), ties and unknown characters:
+    `merge_words` merges as `encode_word` does."""
+    from tinytf.text.encode_array import merge_words
+    encoder = AAB._encoder
+    assert any(len(AAB.pieces[i]) > 2 for i in encoder.encode_word(" aaaaaaa"))
+    ids, lengths, spelled = encoder.speller.spell(words)
+    known = [w for w, ok in zip(words, spelled.tolist()) if ok]
+    merged, counts = merge_words(ids, lengths, encoder.table)
+    ends = np.cumsum(counts).tolist()
+    assert [tuple(merged[e - n:e].tolist()) for n, e in zip(counts.tolist(), ends)] == \
+        [encoder.encode_word(w) for w in known]
+    saved, encoder.MANY = encoder.MANY, 0  # the rest by byte fallback, in order
+    try:
+        assert encoder.encode_words(words) == [encoder.encode_word(w) for w in words]
+    finally:
+        encoder.MANY = saved
+
+
+@pytest.mark.parametrize("block, cache_size", [(50_000, 1 << 20), (7, 1 << 20), (100, 300)])
+def test_encode_batch_in_blocks_with_small_caches(sample, block, cache_size, monkeypatch):
+    """`encode_batch` (missing chunks deferred, encoded per block, caches emptied when full)
+    gives `encode` of each line, lines off the fast path (tabs, double spaces, edges) too."""
+    from tinytf.text.encode import Encoder
+    monkeypatch.setattr(Encoder, "BLOCK", block)
+    lines = sample[:400] + ["a\tb c", "  double  spaces ", " lead", "trail ", "", "x  y",
+                            "中文 und €", "Haus Haus Haus"] + sample[:50]
+    reference = BPE.learn(sample, vocab_size=1000)
+    model = BPE(reference.alphabet, reference.merges, cache_size=cache_size)
+    expected = [reference.encode(line) for line in lines]
+    assert model.encode_batch(lines) == expected
+    assert model.encode_batch(lines) == expected  # again, from the filled caches
+    assert len(model._encoder.chunks) <= cache_size
+
+
 def test_training_corpus_has_no_unknown_and_no_bytes(bpe, sample):
     """Every character of the training lines is in the alphabet: no <unk>, no byte pieces."""
     for ids, line in zip(bpe.encode_batch(sample), sample):

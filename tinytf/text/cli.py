@@ -26,7 +26,9 @@ def _stdin_lines():
             raise ValueError(f"<stdin>:{line_no}: not valid UTF-8 ({e.reason})") from None
 
 
-def _batches(lines, size=1000):
+def _batches(lines, size=10_000):
+    """Lists of `size` lines: the blocks that the workers encode (large blocks let
+    `encode_batch` encode more of their new words together)."""
     batch = []
     for line in lines:
         batch.append(line)

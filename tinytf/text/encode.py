@@ -13,22 +13,43 @@ Text is encoded through caches, because a corpus repeats its words (Zipf):
 * `Encoder.words`: pre-token -> ids, for the other lines (tabs, runs of spaces, ...).
 """
 import gc
-from itertools import chain, islice, repeat
+from itertools import chain, filterfalse, islice, repeat
 
+import numpy as np
+
+from tinytf.text.encode_array import PairRanks, Speller, merge_words
 from tinytf.text.pretokenize import PRETOKEN, initial_units
 
 NO_MERGE = (1 << 30) - 1  # the rank of a pair that has no merge; ranks stay one-digit ints
 
 
+MISSING = (-1,)  # what a deferring cache returns for a key it lacks; no id is -1
+
+
 class _Cache(dict):
-    """A dict that fills a missing key with ``compute(key)``; emptied when it holds `limit`."""
+    """A dict that fills a missing key with ``compute(key)``; emptied when it holds `limit`.
+
+    While `deferred` is a list, a missing key is appended to it instead and read as
+    `MISSING`, so that a batch can compute all its missing keys together.
+    """
 
     def __init__(self, compute, limit):
         super().__init__()
         self.compute = compute
         self.limit = limit
+        self.deferred = None
+
+    def put(self, items):
+        """Insert (key, value) pairs, emptying the cache first if they would overfill it."""
+        items = list(items)
+        if len(self) + len(items) > self.limit:
+            self.clear()
+        self.update(items[len(items) - self.limit:] if len(items) > self.limit else items)
 
     def __missing__(self, key):
+        if self.deferred is not None:
+            self.deferred.append(key)
+            return MISSING
         value = self.compute(key)
         if len(self) >= self.limit:
             self.clear()
@@ -36,24 +57,35 @@ class _Cache(dict):
         return value
 
 
-def word_encoder(unit_ids, spell, ranks, merged):
-    """``encode_word(word) -> tuple of ids``, closed over the model's tables.
+def word_speller(unit_ids, spell):
+    """``initial_ids(word) -> list of ids``: the ids of a pre-token's initial symbols.
 
     unit_ids: raw text of an alphabet symbol -> id (``" t"`` -> id of ``▁t``); spell(unit):
-    the ids of any initial symbol (byte fallback); ranks: (left id, right id) -> merge rank;
-    merged: rank -> id of the merged piece. A closure, so the hot loop reads fast locals.
+    the ids of any initial symbol (byte fallback).
     """
-    get = ranks.get
     unit = unit_ids.__getitem__
 
-    def encode_word(word):
+    def initial_ids(word):
         try:  # fast path: every initial symbol is in the alphabet
             if word[0] == " " and len(word) > 1:
-                ids = [unit(word[:2]), *map(unit, word[2:])]
-            else:
-                ids = list(map(unit, word))
+                return [unit(word[:2]), *map(unit, word[2:])]
+            return list(map(unit, word))
         except KeyError:
-            ids = list(chain.from_iterable(map(spell, initial_units(word))))
+            return list(chain.from_iterable(map(spell, initial_units(word))))
+
+    return initial_ids
+
+
+def word_encoder(initial_ids, ranks, merged):
+    """``encode_word(word) -> tuple of ids``, closed over the model's tables.
+
+    initial_ids: `word_speller`'s function; ranks: (left id, right id) -> merge rank; merged:
+    rank -> id of the merged piece. A closure, so the hot loop reads fast locals.
+    """
+    get = ranks.get
+
+    def encode_word(word):
+        ids = initial_ids(word)
         # pair_ranks[i] is the rank of (ids[i], ids[i + 1]); a merge at i changes only its
         # neighbours pair_ranks[i - 1] and pair_ranks[i]. Merging the leftmost occurrence of
         # the best pair, one per round, is merging all of them left to right: a pair with the
@@ -79,12 +111,39 @@ def word_encoder(unit_ids, spell, ranks, merged):
 
 
 class Encoder:
-    """Text -> ids with a model's tables: `encode_word` plus the word and chunk caches."""
+    """Text -> ids with a model's tables: `encode_word` plus the word and chunk caches.
+
+    `encode_batch` first encodes the chunks that its lines miss in the cache all at once
+    (`encode_words`, by `tinytf.text.encode_array.merge_words`), then reads every line from
+    the cache; `encode` fills the caches one word at a time.
+    """
+
+    BLOCK = 10_000   # lines whose missing chunks `encode_batch` encodes together
+    MANY = 64        # `encode_words` runs the NumPy rounds from this many words on
 
     def __init__(self, unit_ids, spell, ranks, merged, cache_size=1 << 20):
-        self.encode_word = word_encoder(unit_ids, spell, ranks, merged)
+        self.initial_ids = word_speller(unit_ids, spell)
+        self.encode_word = word_encoder(self.initial_ids, ranks, merged)
+        size = max([*unit_ids.values(), *merged], default=0) + 1
+        self.table = PairRanks(ranks, merged, size)
+        self.id_objects = list(range(size))  # one int object per id, shared by all tuples
+        self.speller = Speller(unit_ids)
         self.words = _Cache(self.encode_word, cache_size)
         self.chunks = _Cache(self.encode_chunk, cache_size)
+
+    def encode_words(self, words):
+        """`encode_word` of each of a list of pre-tokens, as a list of tuples."""
+        if len(words) < self.MANY:
+            return list(map(self.encode_word, words))
+        ids, lengths, spelled = self.speller.spell(words)
+        ids, lengths = merge_words(ids, lengths, self.table)
+        flat = list(map(self.id_objects.__getitem__, ids.tolist()))
+        ends = np.cumsum(lengths).tolist()
+        encoded = iter([tuple(flat[a:b]) for a, b in zip([0, *ends], ends)])
+        if spelled.all():
+            return list(encoded)
+        return [next(encoded) if ok else self.encode_word(w)  # byte fallback: one by one
+                for w, ok in zip(words, spelled.tolist())]
 
     def encode_chunk(self, chunk):
         """Ids of ``" " + chunk``, where `chunk` holds no whitespace."""
@@ -94,6 +153,28 @@ class Encoder:
         if len(words) == 1:
             return self.encode_word(words[0])
         return tuple(chain.from_iterable(map(self.words.__getitem__, words)))
+
+    def encode_chunks(self, chunks):
+        """Put `encode_chunk` of each chunk (a collection without repeats) into the chunk
+        cache, the words of all of them encoded together by `encode_words`."""
+        single, multiple = [], []  # (chunk, its word), (chunk, its words)
+        for chunk in chunks:
+            if chunk.isalpha():
+                single.append((chunk, " " + chunk))
+            else:
+                words = PRETOKEN.findall(" " + chunk)
+                if len(words) == 1:
+                    single.append((chunk, words[0]))
+                else:
+                    multiple.append((chunk, words))
+        new = list(dict.fromkeys(w for _, words in multiple for w in words
+                                 if w not in self.words))
+        encoded = self.encode_words([w for _, w in single] + new)
+        self.words.put(zip(new, encoded[len(single):]))
+        self.chunks.put(zip([c for c, _ in single], encoded))
+        get = self.words.__getitem__
+        self.chunks.put([(c, tuple(chain.from_iterable(map(get, words))))
+                         for c, words in multiple])
 
     def encode(self, text):
         """Ids of one line of text (with its dummy-prefix space); ``[]`` for ``""``."""
@@ -107,17 +188,34 @@ class Encoder:
                                             PRETOKEN.findall(" " + text))))
 
     def encode_batch(self, lines):
-        """`encode` of each line (its fast path inlined). The garbage collector is paused
-        meanwhile: encoding makes no reference cycles, and the collector's passes over the
-        filling caches cost ~10% of a cold run."""
+        """`encode` of each line, `BLOCK` lines at a time. Each block is read from the chunk
+        cache (`encode`'s fast path inlined) with the chunks it lacks deferred; those are
+        then encoded together (`encode_chunks`) and the lines that had them read again. The
+        garbage collector is paused meanwhile: encoding makes no reference cycles, and the
+        collector's passes over the filling caches cost ~10% of a cold run."""
+        lines = lines if isinstance(lines, list) else list(lines)
         enabled = gc.isenabled()
         gc.disable()
         try:
-            chunk_ids, encode = self.chunks.__getitem__, self.encode
-            return [list(chain.from_iterable(map(chunk_ids, line.split(" "))))
-                    if line and line.isprintable() and "  " not in line
-                    and line[0] != " " != line[-1] else encode(line)
-                    for line in lines]
+            chunk_ids, encode, out = self.chunks.__getitem__, self.encode, []
+            for start in range(0, len(lines), self.BLOCK):
+                block = lines[start:start + self.BLOCK]
+                self.chunks.deferred = deferred = []
+                try:
+                    ids = [list(chain.from_iterable(map(chunk_ids, line.split(" "))))
+                           if line and line.isprintable() and "  " not in line
+                           and line[0] != " " != line[-1] else encode(line)
+                           for line in block]
+                finally:
+                    self.chunks.deferred = None
+                if deferred:
+                    self.encode_chunks(dict.fromkeys(deferred))  # in order of appearance
+                    for i, line_ids in enumerate(ids):
+                        if -1 in line_ids:
+                            ids[i] = list(chain.from_iterable(map(chunk_ids,
+                                                                  block[i].split(" "))))
+                out.extend(ids)
+            return out
         finally:
             if enabled:
                 gc.enable()
