@@ -109,7 +109,7 @@ def build_parser():
     p.add_argument("--model", required=True)
     p.add_argument("--ids", action="store_true", help="write ids instead of pieces")
     p.add_argument("--workers", type=int, default=1,
-                   help="processes encoding blocks of 1,000 lines, output in input order "
+                   help="processes encoding blocks of 10,000 lines, output in input order "
                         "(default: 1)")
     p.set_defaults(run=_encode)
     p = sub.add_parser("decode", help="pieces or ids on stdin -> text on stdout")
