@@ -486,6 +486,30 @@ def test_time_budget_progress_continues_from_a_resumed_fraction(data_dir, tmp_pa
     assert run.budget_progress(6) == pytest.approx(0.5)
 
 
+def test_warns_when_the_time_budget_allows_few_updates(data_dir, tmp_path):
+    """After 20 updates, a --max-minutes budget that at this pace ends before 500 updates
+    gets one warning; a budget of thousands, or the user's own shorter --max-steps, none."""
+    import io
+    import time
+    log = io.StringIO()
+    run = trainer.Trainer(_config(data_dir, tmp_path / "r", max_minutes=1.0), log_stream=log)
+    run.step = 20
+    run._progress = trainer._Progress(start_step=0, budget=60.0,
+                                      t_start=time.perf_counter() - 10.0)  # 0.5 s an update
+    run._check_pace(run._progress)
+    run._check_pace(run._progress)
+    assert log.getvalue().count("warning: at 0.50 s per update") == 1
+    assert "ends after about 120 updates" in log.getvalue()
+    for max_steps, per_update in [(0, 0.01), (100, 0.5)]:
+        log.seek(0), log.truncate(0)
+        run.cfg.max_steps = max_steps
+        run._progress = trainer._Progress(start_step=0, budget=60.0,
+                                          t_start=time.perf_counter() - 20 * per_update)
+        run._check_pace(run._progress)
+        assert "warning" not in log.getvalue()
+    run.close()
+
+
 def test_resume_takes_the_newest_checkpoint_that_loads(data_dir, tmp_path):
     """A truncated checkpoint_last.npz with intact numbered checkpoints resumes from the
     newest of those, saying so; a numbered checkpoint newer than the last one wins."""

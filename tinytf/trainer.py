@@ -80,6 +80,7 @@ class _Progress:
     t_start: float = dataclasses.field(default_factory=time.perf_counter)
     total_tokens: int = 0
     valid_seconds: float = 0.0
+    pace_checked: bool = False      # whether the budget's update count was estimated yet
     window: dict = dataclasses.field(default_factory=lambda: _Progress.new_window())
 
     @staticmethod
@@ -485,6 +486,31 @@ class Trainer:
                        max(min(remaining), 0.0), self.optimizer.lr,
                        self.scaler.scale if self.scaler.enabled else None)
             progress.window = _Progress.new_window()
+            self._check_pace(progress)
+
+    FEW_UPDATES = 500  # fewer in a whole budget: short of updates (docs/benchmarks.md)
+
+    def _check_pace(self, progress) -> None:
+        """Once, after 20 updates: warn when the time budget, at this pace, ends with fewer
+        than `FEW_UPDATES` updates. At a fixed budget a larger batch means fewer updates, and
+        below a few hundred the model is short of updates, not of tokens (docs/benchmarks.md,
+        "Robustness of the tiny recipe")."""
+        done = self.step - progress.start_step
+        if progress.pace_checked or done < 20 or not math.isfinite(progress.budget):
+            return
+        progress.pace_checked = True
+        elapsed = progress.elapsed()
+        per_step = (elapsed - progress.valid_seconds) / done
+        expected = self.step + round(max(progress.budget - elapsed, 0.0) / per_step)
+        if self.cfg.max_steps:
+            expected = min(expected, self.cfg.max_steps)
+            if expected == self.cfg.max_steps:
+                return  # the user's own step budget ends first
+        if expected < self.FEW_UPDATES:
+            self.log.info(
+                f"warning: at {per_step:.2f} s per update the {self.cfg.max_minutes:g}-minute "
+                f"budget ends after about {expected} updates; with so few, a smaller "
+                f"--max-tokens (more, smaller updates) or a longer --max-minutes learns more")
 
     def validate(self, bleu_sentences: int | None = None) -> dict:
         """Dev loss and greedy dev BLEU (on the first ``bleu_sentences`` pairs; all if 0)."""
