@@ -13,7 +13,7 @@ Text is encoded through caches, because a corpus repeats its words (Zipf):
 * `Encoder.words`: pre-token -> ids, for the other lines (tabs, runs of spaces, ...).
 """
 import gc
-from itertools import chain, filterfalse, islice, repeat
+from itertools import chain, islice, repeat
 
 import numpy as np
 
@@ -113,9 +113,9 @@ def word_encoder(initial_ids, ranks, merged):
 class Encoder:
     """Text -> ids with a model's tables: `encode_word` plus the word and chunk caches.
 
-    `encode_batch` first encodes the chunks that its lines miss in the cache all at once
-    (`encode_words`, by `tinytf.text.encode_array.merge_words`), then reads every line from
-    the cache; `encode` fills the caches one word at a time.
+    `encode_batch` first encodes the chunks that a block of lines misses in the cache at once
+    (`encode_words`, by `tinytf.text.encode_array.merge_words`), then reads the lines that
+    missed again; `encode` fills the caches one word at a time.
     """
 
     BLOCK = 10_000   # lines whose missing chunks `encode_batch` encodes together

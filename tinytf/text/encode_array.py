@@ -7,8 +7,8 @@ Here all the words of a batch are one array of ids, and each round merges, in ev
 once, the occurrences of that word's best pair:
 
 1. ``rank[i]``: the merge rank of the pair ``(ids[i], ids[i + 1])``, looked up for all
-   positions by one `np.searchsorted` over the sorted pair keys (``NO_MERGE`` where there is no
-   merge and at each word's last position);
+   positions at once in `PairRanks`, a hash table (``NO_MERGE`` where there is no merge and at
+   each word's last position);
 2. ``best[w]``: the lowest rank in word w (`np.minimum.reduceat` over the words' segments).
    Words whose best is ``NO_MERGE`` are finished and leave the array, so later rounds shrink;
 3. every position where ``rank[i] == best[word[i]]`` is merged: ``ids[i]`` becomes the new
