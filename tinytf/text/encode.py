@@ -17,10 +17,8 @@ from itertools import chain, islice, repeat
 
 import numpy as np
 
-from tinytf.text.encode_array import PairRanks, Speller, merge_words
+from tinytf.text.encode_array import NO_MERGE, PairRanks, Speller, merge_words
 from tinytf.text.pretokenize import PRETOKEN, initial_units
-
-NO_MERGE = (1 << 30) - 1  # the rank of a pair that has no merge; ranks stay one-digit ints
 
 
 MISSING = (-1,)  # what a deferring cache returns for a key it lacks; no id is -1
@@ -110,6 +108,12 @@ def word_encoder(initial_ids, ranks, merged):
     return encode_word
 
 
+def chunk_words(chunk):
+    """The pre-tokens of ``" " + chunk``, where `chunk` holds no whitespace: letters only
+    are one word, without the regex."""
+    return [" " + chunk] if chunk.isalpha() else PRETOKEN.findall(" " + chunk)
+
+
 class Encoder:
     """Text -> ids with a model's tables: `encode_word` plus the word and chunk caches.
 
@@ -147,9 +151,7 @@ class Encoder:
 
     def encode_chunk(self, chunk):
         """Ids of ``" " + chunk``, where `chunk` holds no whitespace."""
-        if chunk.isalpha():  # letters only: one word
-            return self.encode_word(" " + chunk)
-        words = PRETOKEN.findall(" " + chunk)
+        words = chunk_words(chunk)
         if len(words) == 1:
             return self.encode_word(words[0])
         return tuple(chain.from_iterable(map(self.words.__getitem__, words)))
@@ -157,19 +159,13 @@ class Encoder:
     def encode_chunks(self, chunks):
         """Put `encode_chunk` of each chunk (a collection without repeats) into the chunk
         cache, the words of all of them encoded together by `encode_words`."""
-        single, multiple = [], []  # (chunk, its word), (chunk, its words)
+        single, multiple = [], []  # (chunk, its words): one word, several
         for chunk in chunks:
-            if chunk.isalpha():
-                single.append((chunk, " " + chunk))
-            else:
-                words = PRETOKEN.findall(" " + chunk)
-                if len(words) == 1:
-                    single.append((chunk, words[0]))
-                else:
-                    multiple.append((chunk, words))
+            words = chunk_words(chunk)
+            (single if len(words) == 1 else multiple).append((chunk, words))
         new = list(dict.fromkeys(w for _, words in multiple for w in words
                                  if w not in self.words))
-        encoded = self.encode_words([w for _, w in single] + new)
+        encoded = self.encode_words([words[0] for _, words in single] + new)
         self.words.put(zip(new, encoded[len(single):]))
         self.chunks.put(zip([c for c, _ in single], encoded))
         get = self.words.__getitem__

@@ -23,7 +23,7 @@ number of words or merges.
 """
 import numpy as np
 
-NO_MERGE = (1 << 30) - 1  # as in tinytf.text.encode
+NO_MERGE = (1 << 30) - 1  # the rank of a pair that has no merge; ranks stay one-digit ints
 
 
 class PairRanks:
