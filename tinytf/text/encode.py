@@ -207,9 +207,8 @@ class Encoder:
                 if deferred:
                     self.encode_chunks(dict.fromkeys(deferred))  # in order of appearance
                     for i, line_ids in enumerate(ids):
-                        if -1 in line_ids:
-                            ids[i] = list(chain.from_iterable(map(chunk_ids,
-                                                                  block[i].split(" "))))
+                        if -1 in line_ids:  # only fast-path lines read the chunk cache
+                            ids[i] = encode(block[i])
                 out.extend(ids)
             return out
         finally:
