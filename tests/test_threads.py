@@ -144,8 +144,15 @@ def test_dropout_add_draws_the_same_mask(split_everything, dtype):
     assert 0 < (candidate[1][0] == 0).mean() < 0.6   # some of x's gradient was dropped
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+@pytest.mark.parametrize("small", [True, False])
 @pytest.mark.parametrize("mask_kind", [None, "causal", "padding", "full"])
-def test_attention(split_everything, mask_kind):
+def test_attention(split_everything, mask_kind, small, dropout, monkeypatch):
+    """Bitwise the reference op, dropout's masks included (the same draws); with small
+    matrices the products are split by sentence too (q k^T with the softmax, P v; dV, dP,
+    dQ, dK), else only the softmax, the dropout and the softmax's backward."""
+    if not small:
+        monkeypatch.setattr(cpu.RowParallelAttention, "SMALL_PRODUCT", 0)
     b, h, t, d = 5, 2, 9, 4
     q, k, v = (rng.standard_normal((b, h, t, d)).astype(np.float32) for _ in range(3))
     mask = {None: None,
@@ -155,9 +162,17 @@ def test_attention(split_everything, mask_kind):
             "full": rng.random((b, h, t, t)) < 0.7}[mask_kind]
     if mask_kind == "full":
         mask[0, 0, 0] = False            # a fully masked row: uniform weights, no gradient
-    _assert_same(_run(ops.Attention, [q, k, v], {"mask": mask}),
-                 _run(cpu.RowParallelAttention, [q, k, v], {"mask": mask}))
-    assert split_everything == [b, b]          # softmax forward, its backward
+    kwargs = {"mask": mask, "dropout": dropout}
+    backend.manual_seed(3)
+    reference = _run(ops.Attention, [q, k, v], kwargs)
+    backend.manual_seed(3)
+    candidate = _run(cpu.RowParallelAttention, [q, k, v], kwargs)
+    _assert_same(reference, candidate)
+    dropped = 1 if dropout else 0
+    if small:   # forward: q k^T with the softmax, [dropout,] P v; backward: dV, dP,
+        assert split_everything == [b] * (7 + dropped)   # the softmax's, dQ, dK
+    else:       # the softmax forward, [dropout,] its backward
+        assert split_everything == [b] * (2 + dropped)
 
 
 @pytest.mark.parametrize("activation", [None, "relu"])

@@ -219,8 +219,20 @@ class RowParallelDropoutAdd(DropoutAdd):
 
 class RowParallelAttention(Attention):
     """:class:`Attention` with the masked softmax and its backward (``masked_softmax_``,
-    ``masked_softmax_grad_``) by range of the leading (batch) axis in threads; the products
-    stay single BLAS calls over all of it (BLAS already uses every core)."""
+    ``masked_softmax_grad_``), the dropout on the weights (its uniforms drawn in one call,
+    as the reference draws them) and the batched products of small matrices by range of
+    the leading (batch) axis in threads.
+
+    NumPy computes ``a @ b`` on (B, h, T, d) stacks as one BLAS call per matrix, in a loop
+    on one core, and OpenBLAS runs a call of fewer than about ``SMALL_PRODUCT``
+    multiply-adds on one core as well: at 25 and 64 tokens a sentence's attention products
+    leave the second core idle. Those products go by range of sentences to the threads,
+    each range's matrices the same BLAS calls as in the single loop (bitwise equal); the
+    scores are then masked and soft-maxed in the same range while they are in cache.
+    Larger matrices stay single calls over all sentences (BLAS already uses every core).
+    """
+
+    SMALL_PRODUCT = 1 << 18   # multiply-adds of one matrix product (64 x 64 x 64)
 
     def _mask_rows(self, ndim, n):
         """``mask_rows(lo, hi)``: the mask for rows lo..hi of an ``ndim``-axis score array of
@@ -232,12 +244,45 @@ class RowParallelAttention(Attention):
             return lambda lo, hi: mask[lo:hi]
         return None
 
+    def _split_product(self, a, b):
+        """The (B, ..., m, n) output of ``a @ b`` and ``product(lo, hi)`` that computes its
+        sentences lo..hi, if the product is a stack of small matrices to split by
+        sentence; else None."""
+        if a.ndim < 3 or a.shape[:-2] != b.shape[:-2] or not _rows_of(a, b):
+            return None
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        if m * k * n > self.SMALL_PRODUCT:
+            return None
+        out = np.empty(a.shape[:-1] + (n,), dtype=a.dtype)
+
+        def product(lo, hi):
+            np.matmul(a[lo:hi], b[lo:hi], out=out[lo:hi])
+        return out, product
+
+    @staticmethod
+    def _product_rows(out, a):
+        """The row size handed to `parallel_rows` for a product into ``out`` (B, ..., m, n)
+        from ``a`` (B, ..., m, k): its multiply-adds per sentence, counted as an eighth of
+        an element of a memory-bound pass (2^21 multiply-adds on one core take about as
+        long as the 2^18 elements below which a pass stays in one thread)."""
+        return out[0].size * a.shape[-1] // 8
+
     def weights_of(self, q, k, mask):
         self.mask = mask
         lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])   # the scores' leading axes
         mask_rows = self._mask_rows(len(lead) + 2, lead[0]) if lead else None
         if mask_rows is None or not _rows_of(q, k):
             return super().weights_of(q, k, mask)
+        split = self._split_product(q, k.swapaxes(-1, -2))
+        if split is not None:
+            scores, product = split
+
+            def rows(lo, hi):
+                product(lo, hi)
+                masked_softmax_(scores[lo:hi], mask_rows(lo, hi), self.scale)
+
+            parallel_rows(rows, scores.shape[0], self._product_rows(scores, q))
+            return scores
         scores = q @ k.swapaxes(-1, -2)
 
         def rows(lo, hi):
@@ -246,13 +291,44 @@ class RowParallelAttention(Attention):
         parallel_rows(rows, scores.shape[0], scores[0].size)
         return scores
 
+    def product(self, a, b, alpha: float = 1.0):
+        split = self._split_product(a, b)
+        if split is None:
+            return super().product(a, b, alpha)
+        out, product = split
+
+        def rows(lo, hi):
+            product(lo, hi)
+            if alpha != 1.0:
+                out[lo:hi] *= alpha
+
+        parallel_rows(rows, out.shape[0], self._product_rows(out, a))
+        return out
+
+    def drop(self, weights, p: float):
+        if not _rows_of(weights) or weights.ndim < 1:
+            return super().drop(weights, p)
+        uniform = backend.rng(np).random(weights.shape, dtype=np.float32)  # keep_mask's draw
+        mask, dropped = np.empty_like(weights), np.empty_like(weights)
+
+        def rows(lo, hi):
+            scaled_keep(uniform[lo:hi], p, weights.dtype, out=mask[lo:hi])
+            np.multiply(weights[lo:hi], mask[lo:hi], out=dropped[lo:hi])
+
+        parallel_rows(rows, weights.shape[0], weights[0].size)
+        return mask, dropped
+
     def scores_grad(self, weights, dp):
         mask_rows = self._mask_rows(weights.ndim, weights.shape[0]) if weights.ndim >= 3 \
             else None
-        if mask_rows is None or not _rows_of(weights, dp) or dp.shape != weights.shape:
+        drop = self.drop_mask
+        if mask_rows is None or not _rows_of(weights, dp, drop) or dp.shape != weights.shape \
+                or (drop is not None and drop.shape != dp.shape):
             return super().scores_grad(weights, dp)
 
         def rows(lo, hi):
+            if drop is not None:
+                dp[lo:hi] *= drop[lo:hi]
             masked_softmax_grad_(dp[lo:hi], weights[lo:hi], mask_rows(lo, hi))
 
         parallel_rows(rows, dp.shape[0], dp[0].size)

@@ -163,6 +163,8 @@ class FusedAttention(RowParallelAttention):
 
     def scores_grad(self, weights, dp):
         if kernels.fused(weights):
+            if self.drop_mask is not None:
+                dp *= self.drop_mask
             return kernels.softmax_backward(weights, dp, mask=self.mask)
         return super().scores_grad(weights, dp)
 

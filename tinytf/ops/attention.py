@@ -46,8 +46,9 @@ class Attention(Function):
     (B, h, Tq, Tk), True where attention is allowed. Masked scores are set to the dtype's
     most negative finite value (not -1e9, which overflows in float16), so a masked
     position gets exactly zero weight and a fully masked row stays finite (uniform).
-    Optional dropout on the attention weights. Backward, with P the weights:
-    dV = P^T g, dP = g V^T, dS = P * (dP - sum(dP * P)), dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d).
+    Optional dropout on the attention weights: P' = D * P with D the scaled keep mask (P'
+    is P without dropout). Backward: dV = P'^T g, dP = D * (g V^T),
+    dS = P * (dP - sum(dP * P)), dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d).
     """
 
     def forward(self, q, k, v, mask=None, dropout=0.0):
@@ -56,9 +57,7 @@ class Attention(Function):
         self.weights, self.mask = weights, mask
         self.drop_mask = None
         if dropout:
-            self.drop_mask = keep_mask(get_array_module(q), weights.shape, dropout,
-                                       weights.dtype)
-            weights = weights * self.drop_mask
+            self.drop_mask, weights = self.drop(weights, dropout)
         self.save_for_backward(q, k, v, weights)
         return self.product(weights, v)                          # (B, h, Tq, d)
 
@@ -69,8 +68,6 @@ class Attention(Function):
         if not (need_q or need_k):
             return None, None, gv
         dp = self.product(grad, v.swapaxes(-1, -2))
-        if self.drop_mask is not None:
-            dp *= self.drop_mask
         # Masked scores are constants: a fully masked row's uniform weights must not send
         # gradient to q or k.
         ds = self.scores_grad(self.weights, dp)
@@ -78,10 +75,16 @@ class Attention(Function):
         gk = self.product(ds.swapaxes(-1, -2), q, self.scale) if need_k else None
         return gq, gk, gv
 
-    # The three steps a faster variant replaces (tinytf.fast.cuda.FusedAttention).
+    # The steps a faster variant replaces (tinytf.fast.cpu.RowParallelAttention,
+    # tinytf.fast.cuda.FusedAttention).
     def weights_of(self, q, k, mask):
         """P = softmax(q k^T / sqrt(d), masked)."""
         return attention_weights(q, k, mask, self.scale)
+
+    def drop(self, weights, p: float):
+        """Dropout on the weights: (the scaled keep mask D, D * P)."""
+        mask = keep_mask(get_array_module(weights), weights.shape, p, weights.dtype)
+        return mask, weights * mask
 
     def product(self, a, b, alpha: float = 1.0):
         """alpha * (a @ b)."""
@@ -91,5 +94,8 @@ class Attention(Function):
         return out
 
     def scores_grad(self, weights, dp):
-        """dS = P * (dP - sum(dP * P)), zero where masked (``dp`` is overwritten)."""
+        """dS = P * (dP' - sum(dP' * P)) with dP' = D * dP (the dropout mask D, if any),
+        zero where masked (``dp`` is overwritten)."""
+        if self.drop_mask is not None:
+            dp *= self.drop_mask
         return masked_softmax_grad_(dp, weights, self.mask)
