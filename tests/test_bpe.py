@@ -367,7 +367,7 @@ def test_array_encoding_of_repeats_and_overlaps(words):
 
 @pytest.mark.parametrize("block, cache_size", [(50_000, 1 << 20), (7, 1 << 20), (100, 300)])
 def test_encode_batch_in_blocks_with_small_caches(sample, block, cache_size, monkeypatch):
-    """`encode_batch` (missing chunks deferred, encoded per block, caches emptied when full)
+    """`encode_batch` (a block's missing chunks encoded together, caches emptied when full)
     gives `encode` of each line, lines off the fast path (tabs, double spaces, edges) too."""
     from tinytf.text.encode import Encoder
     monkeypatch.setattr(Encoder, "BLOCK", block)
@@ -376,9 +376,17 @@ def test_encode_batch_in_blocks_with_small_caches(sample, block, cache_size, mon
     reference = BPE.learn(sample, vocab_size=1000)
     model = BPE(reference.alphabet, reference.merges, cache_size=cache_size)
     expected = [reference.encode(line) for line in lines]
+    ways = []   # how each block was read: misses first, or deferred
+    for way in ("_new_chunks", "_read_deferring"):
+        method = getattr(Encoder, way)
+        monkeypatch.setattr(Encoder, way, lambda self, *a, _m=method, _w=way:
+                            ways.append(_w) or _m(self, *a))
     assert model.encode_batch(lines) == expected
+    assert ways[0] == "_new_chunks"                # the cold cache's first block
     assert model.encode_batch(lines) == expected  # again, from the filled caches
     assert len(model._encoder.chunks) <= cache_size
+    if block == 7:                                # both ways, in blocks of 7 lines
+        assert {"_new_chunks", "_read_deferring"} <= set(ways)
 
 
 def test_training_corpus_has_no_unknown_and_no_bytes(bpe, sample):

@@ -13,7 +13,7 @@ Text is encoded through caches, because a corpus repeats its words (Zipf):
 * `Encoder.words`: pre-token -> ids, for the other lines (tabs, runs of spaces, ...).
 """
 import gc
-from itertools import chain, islice, repeat
+from itertools import chain, compress, islice, repeat
 
 import numpy as np
 
@@ -184,33 +184,68 @@ class Encoder:
                                             PRETOKEN.findall(" " + text))))
 
     def encode_batch(self, lines):
-        """`encode` of each line, `BLOCK` lines at a time. Each block is read from the chunk
-        cache (`encode`'s fast path inlined) with the chunks it lacks deferred; those are
-        then encoded together (`encode_chunks`) and the lines that had them read again. The
-        garbage collector is paused meanwhile: encoding makes no reference cycles, and the
-        collector's passes over the filling caches cost ~10% of a cold run."""
+        """`encode` of each line, `BLOCK` lines at a time, a block's missing chunks encoded
+        together (`encode_chunks`). A block is read in one of two ways:
+
+        * **misses first** (`_new_chunks`), while the cache is cold: split the lines, look
+          each distinct chunk up once, encode the missing ones, then read every line;
+        * **deferred** (`_read_deferring`), once most chunks are cached: read the lines,
+          the chunks the cache lacks recorded instead of computed, encode those and read
+          again only the lines that had one.
+
+        The first block is read misses first if the cache holds fewer chunks than a block
+        has lines, a later one if the block before it had at least one new chunk per line. The garbage collector is paused meanwhile: encoding
+        makes no reference cycles, and the collector's passes over the filling caches cost
+        ~10% of a cold run."""
         lines = lines if isinstance(lines, list) else list(lines)
         enabled = gc.isenabled()
         gc.disable()
         try:
-            chunk_ids, encode, out = self.chunks.__getitem__, self.encode, []
+            out, cold = [], len(self.chunks) < self.BLOCK
             for start in range(0, len(lines), self.BLOCK):
                 block = lines[start:start + self.BLOCK]
-                self.chunks.deferred = deferred = []
-                try:
-                    ids = [list(chain.from_iterable(map(chunk_ids, line.split(" "))))
-                           if line and line.isprintable() and "  " not in line
-                           and line[0] != " " != line[-1] else encode(line)
-                           for line in block]
-                finally:
-                    self.chunks.deferred = None
-                if deferred:
-                    self.encode_chunks(dict.fromkeys(deferred))  # in order of appearance
-                    for i, line_ids in enumerate(ids):
-                        if -1 in line_ids:  # only fast-path lines read the chunk cache
-                            ids[i] = encode(block[i])
+                fast = [bool(line) and line.isprintable() and "  " not in line
+                        and line[0] != " " != line[-1] for line in block]  # see `encode`
+                if cold:
+                    new = self._new_chunks(block, fast)
+                    if new:
+                        self.encode_chunks(new)
+                    ids = self._read(block, fast)
+                else:
+                    ids, new = self._read_deferring(block, fast)
+                cold = len(new) >= len(block)
                 out.extend(ids)
             return out
         finally:
             if enabled:
                 gc.enable()
+
+    def _new_chunks(self, block, fast):
+        """The distinct chunks of the `fast`-path lines of `block` that the chunk cache
+        lacks, in order of appearance."""
+        # Only single spaces in these lines: split() is split(" ").
+        seen = dict.fromkeys(chain.from_iterable(map(str.split, compress(block, fast))))
+        return [chunk for chunk in seen if chunk not in self.chunks]
+
+    def _read(self, block, fast):
+        """`encode` of each line of `block`, the `fast`-path ones read from the chunk cache."""
+        chunk_ids, encode = self.chunks.__getitem__, self.encode
+        return [list(chain.from_iterable(map(chunk_ids, line.split(" ")))) if ok
+                else encode(line) for line, ok in zip(block, fast)]
+
+    def _read_deferring(self, block, fast):
+        """`_read` with the chunk cache's misses deferred, then encoded together and their
+        lines read again. Returns (the lines' ids, the new chunks)."""
+        self.chunks.deferred = deferred = []
+        try:
+            ids = self._read(block, fast)
+        finally:
+            self.chunks.deferred = None
+        new = list(dict.fromkeys(deferred))   # in order of appearance
+        if new:
+            self.encode_chunks(new)
+            encode = self.encode
+            for i, line_ids in enumerate(ids):
+                if fast[i] and -1 in line_ids:   # only fast-path lines read the chunk cache
+                    ids[i] = encode(block[i])
+        return ids, new
