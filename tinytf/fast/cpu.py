@@ -306,7 +306,7 @@ class RowParallelAttention(Attention):
         return out
 
     def drop(self, weights, p: float):
-        if not _rows_of(weights) or weights.ndim < 1:
+        if not _rows_of(weights):
             return super().drop(weights, p)
         uniform = backend.rng(np).random(weights.shape, dtype=np.float32)  # keep_mask's draw
         mask, dropped = np.empty_like(weights), np.empty_like(weights)

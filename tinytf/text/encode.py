@@ -194,9 +194,9 @@ class Encoder:
           again only the lines that had one.
 
         The first block is read misses first if the cache holds fewer chunks than a block
-        has lines, a later one if the block before it had at least one new chunk per line. The garbage collector is paused meanwhile: encoding
-        makes no reference cycles, and the collector's passes over the filling caches cost
-        ~10% of a cold run."""
+        has lines, a later one if the block before it had at least one new chunk per line.
+        The garbage collector is paused meanwhile: encoding makes no reference cycles, and
+        the collector's passes over the filling caches cost ~10% of a cold run."""
         lines = lines if isinstance(lines, list) else list(lines)
         enabled = gc.isenabled()
         gc.disable()
