@@ -70,7 +70,8 @@ def top_k(scores, k: int):
     on ``argpartition``'s internals). Returns numpy arrays ``(indices (n, k), values (n, k))``.
     """
     xp = get_array_module(scores)
-    part = xp.sort(partition_top(scores, k), axis=1)  # index order first, so the stable sort below breaks ties by index
+    # Index order first, so that the stable sort below breaks ties by index.
+    part = xp.sort(partition_top(scores, k), axis=1)
     vals = xp.take_along_axis(scores, part, axis=1)
     order = xp.argsort(-vals, axis=1, kind="stable")
     idx = to_numpy(xp.take_along_axis(part, order, axis=1))

@@ -18,7 +18,7 @@ from itertools import chain, compress, islice, repeat
 import numpy as np
 
 from tinytf.text.encode_array import NO_MERGE, PairRanks, Speller, merge_words
-from tinytf.text.pretokenize import PRETOKEN, initial_units
+from tinytf.text.pretokenize import PRETOKEN, initial_units, single_spaced
 
 
 MISSING = (-1,)  # what a deferring cache returns for a key it lacks; no id is -1
@@ -176,9 +176,7 @@ class Encoder:
         """Ids of one line of text (with its dummy-prefix space); ``[]`` for ``""``."""
         if not text:
             return []
-        if text.isprintable() and "  " not in text and text[0] != " " != text[-1]:
-            # Only single spaces between non-spaces: isprintable() is False for every other
-            # whitespace character (tests check this against the regex's \s).
+        if single_spaced(text):
             return list(chain.from_iterable(map(self.chunks.__getitem__, text.split(" "))))
         return list(chain.from_iterable(map(self.words.__getitem__,
                                             PRETOKEN.findall(" " + text))))
@@ -204,8 +202,7 @@ class Encoder:
             out, cold = [], len(self.chunks) < self.BLOCK
             for start in range(0, len(lines), self.BLOCK):
                 block = lines[start:start + self.BLOCK]
-                fast = [bool(line) and line.isprintable() and "  " not in line
-                        and line[0] != " " != line[-1] for line in block]  # see `encode`
+                fast = list(map(single_spaced, block))   # `encode`'s fast path
                 if cold:
                     new = self._new_chunks(block, fast)
                     if new:

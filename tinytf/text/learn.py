@@ -14,7 +14,7 @@ import numpy as np
 
 from tinytf.text.learn_array import learn_merges_array
 from tinytf.text.merges import MAX_SYMBOLS, learn_merges  # noqa: F401 (re-exported)
-from tinytf.text.pretokenize import LINE_START, PRETOKEN, can_be_piece, show
+from tinytf.text.pretokenize import LINE_START, PRETOKEN, can_be_piece, show, single_spaced
 from tinytf.workers import ordered_map
 
 
@@ -33,7 +33,7 @@ def count_words_in_text(text, counter):
     if text.endswith("\n"):
         text = text[:-1]
     flat = text.replace("\n", " ")
-    if flat and flat.isprintable() and "  " not in flat and flat[0] != " " != flat[-1]:
+    if single_spaced(flat):
         for chunk, count in Counter(flat.split(" ")).items():
             if chunk.isalpha():
                 counter[" " + chunk] += count

@@ -49,6 +49,15 @@ def pretokenize(text):
     return PRETOKEN.findall(" " + text) if text else []
 
 
+def single_spaced(text):
+    """True if `text` is not empty and holds no whitespace but single spaces between
+    non-spaces, so its pre-tokens are those of its ``text.split(" ")`` chunks, each with the
+    space before it (``isprintable()`` is False for every other whitespace character; the
+    tests check this against the regex's ``\\s``)."""
+    return bool(text) and text.isprintable() and "  " not in text and \
+        text[0] != " " != text[-1]
+
+
 def can_be_piece(char):
     """True if `char` may appear in a piece; the others are always spelled as bytes."""
     if char == " ":
