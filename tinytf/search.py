@@ -96,12 +96,16 @@ def partition_top(scores, k: int):
     order: ``argpartition``. On the CPU by ranges of rows in threads (a row's result does
     not depend on the other rows; a (64, 16000) beam step's partition takes 1.7x less)."""
     xp = get_array_module(scores)
+
+    def top(block):
+        return xp.argpartition(block, block.shape[1] - k, axis=1)[:, -k:]
+
     if xp is not np:
-        return xp.argpartition(scores, scores.shape[1] - k, axis=1)[:, -k:]
+        return top(scores)
     out = np.empty((scores.shape[0], k), dtype=np.intp)
 
     def rows(lo, hi):
-        out[lo:hi] = np.argpartition(scores[lo:hi], scores.shape[1] - k, axis=1)[:, -k:]
+        out[lo:hi] = top(scores[lo:hi])
 
     parallel_rows(rows, scores.shape[0], scores.shape[1])
     return out
