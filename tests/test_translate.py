@@ -5,6 +5,7 @@ data/ende/train.*, a 2+2-layer model saved as three numbered checkpoints (differ
 ``--average``) with its config and BPE file in the metadata, as train.py writes them.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -21,11 +22,13 @@ import pytest
 import tinytf
 from tinytf import checkpoint
 from tinytf.bpe import BPE, EOS_ID
+from tinytf.fast import threads as row_threads
 from tinytf.search import beam_search, greedy_search
 from tinytf.translation import (
     PrefixState, SearchOptions, TranslationError, Translator, full_prefix_step, make_batches,
     one_line, pad_sources, read_text_lines)
 from tinytf.transformer import Transformer, TransformerConfig
+from tinytf.workers import blas_threads, set_blas_threads, thread_budget
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data" / "ende"
@@ -148,13 +151,31 @@ def test_output_does_not_depend_on_batch_or_position(translator, test_lines):
     assert [shuffled[j][0][0] for j in np.argsort(order)] == expected
 
 
+@contextlib.contextmanager
+def threads_of_one_worker(workers: int):
+    """This process with the BLAS and row threads that each of ``workers`` forked decoders
+    gets: a BLAS may sum a product in another order with more threads (OpenBLAS's AVX2
+    kernels do), so a result is reproducible only at the same thread count."""
+    before = blas_threads()
+    n = max(1, thread_budget() // workers)
+    set_blas_threads(n)
+    row_threads.set_threads(n)
+    try:
+        yield
+    finally:
+        if before is not None:
+            set_blas_threads(before)
+        row_threads.set_threads(None)
+
+
 def test_worker_processes_give_the_same_nbest_lists(translator, test_lines):
     """Batches decoded in 2 and 3 forked processes: the n-best lists (texts and scores) of one
-    process, in input order."""
+    process with each worker's threads, in input order."""
     lines = test_lines + [""] + test_lines[:5]
     options = dataclasses.replace(OPTIONS, nbest=2)
-    expected = translator.translate_lines(lines, options, batch_size=3)
     for workers in (2, 3):
+        with threads_of_one_worker(workers):
+            expected = translator.translate_lines(lines, options, batch_size=3)
         assert translator.translate_lines(lines, options, batch_size=3,
                                           workers=workers) == expected
 
@@ -175,8 +196,9 @@ def test_test_scores_in_worker_processes(translator):
     logs, scores = [], []
     for workers in (1, 2):
         log = Log()
-        scores.append(test_scores(translator.model, translator.bpe, lines, log,
-                                  workers=workers))
+        with threads_of_one_worker(2) if workers == 1 else contextlib.nullcontext():
+            scores.append(test_scores(translator.model, translator.bpe, lines, log,
+                                      workers=workers))
         logs.append(log.lines)
     assert scores[0] == scores[1] and logs[0] == logs[1]
     assert set(scores[0]) == {"test_bleu", "test_bleu_beam", "test_bleu_greedy"}

@@ -8,9 +8,10 @@ processes of the loaded model (they share its weights copy-on-write), each with
 ``thread_budget() // workers`` BLAS and row threads (:func:`tinytf.workers.thread_budget`:
 ``OMP_NUM_THREADS=1`` keeps it to one core), hands them the batches in order, at most two
 per worker in flight (:func:`tinytf.workers.ordered_map`), and yields the n-best lists in
-batch order: the output of one process, on every core it may use. The workers live for one
-call (``translate.py``: one input block of ``--buffer-size`` lines); a fork costs tens of
-milliseconds against the seconds a block of 1,000 lines takes.
+batch order: the output of one process with a worker's thread count (a BLAS may sum in
+another order with more threads: docs/decoding.md, "Cores"), on every core it may use. The
+workers live for one call (``translate.py``: one input block of ``--buffer-size`` lines); a
+fork costs tens of milliseconds against the seconds a block of 1,000 lines takes.
 """
 from __future__ import annotations
 
