@@ -2,6 +2,7 @@
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import pathlib
 import signal
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from tinytf import checkpoint, pipelined, trainer
+from tinytf.train_progress import Progress
 from tinytf.trainer import TrainConfig, TrainError, apply_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -472,42 +474,54 @@ def test_schedule_flags_on_the_command_line(data_dir, tmp_path, capsys):
 def test_time_budget_progress_continues_from_a_resumed_fraction(data_dir, tmp_path):
     """--max-minutes: the budget spent is this invocation's clock over its budget, continuing
     from the fraction a resumed checkpoint had spent; the larger of step and time wins."""
-    import time
     run = trainer.Trainer(_config(data_dir, tmp_path / "r", max_minutes=1.0),
                           log_stream=open(os.devnull, "w"))
-    run._progress_at_start = 0.5
-    run._progress = trainer._Progress(start_step=0, budget=100.0,
-                                      t_start=time.perf_counter() - 50.0)
+    run._progress = Progress(start_step=0, budget=100.0, spent_at_start=0.5,
+                             t_start=time.perf_counter() - 50.0)
     assert run.budget_progress(1) == pytest.approx(0.75, abs=1e-3)
     run._progress.t_start -= 1000.0
     assert run.budget_progress(1) == 1.0        # never past the end
     run.cfg.max_steps = 10
     run._progress = None
     assert run.budget_progress(6) == pytest.approx(0.5)
+    run.close()
+    assert Progress(start_step=0, budget=math.inf, spent_at_start=0.5).time_spent() == 0.0
 
 
-def test_warns_when_the_time_budget_allows_few_updates(data_dir, tmp_path):
+def test_warns_when_the_time_budget_allows_few_updates():
     """After 20 updates, a --max-minutes budget that at this pace ends before 500 updates
     gets one warning; a budget of thousands, or the user's own shorter --max-steps, none."""
-    import io
-    import time
-    log = io.StringIO()
-    run = trainer.Trainer(_config(data_dir, tmp_path / "r", max_minutes=1.0), log_stream=log)
-    run.step = 20
-    run._progress = trainer._Progress(start_step=0, budget=60.0,
-                                      t_start=time.perf_counter() - 10.0)  # 0.5 s an update
-    run._check_pace(run._progress)
-    run._check_pace(run._progress)
-    assert log.getvalue().count("warning: at 0.50 s per update") == 1
-    assert "ends after about 120 updates" in log.getvalue()
+    progress = Progress(start_step=0, budget=60.0,
+                        t_start=time.perf_counter() - 10.0)  # 0.5 s an update
+    assert progress.pace_warning(19) is None                  # too early to tell
+    warning = progress.pace_warning(20)
+    assert "warning: at 0.50 s per update the 1-minute budget" in warning
+    assert "ends after about 120 updates" in warning
+    assert progress.pace_warning(20) is None                  # once
     for max_steps, per_update in [(0, 0.01), (100, 0.5)]:
-        log.seek(0), log.truncate(0)
-        run.cfg.max_steps = max_steps
-        run._progress = trainer._Progress(start_step=0, budget=60.0,
-                                          t_start=time.perf_counter() - 20 * per_update)
-        run._check_pace(run._progress)
-        assert "warning" not in log.getvalue()
-    run.close()
+        progress = Progress(start_step=0, budget=60.0, max_steps=max_steps,
+                            t_start=time.perf_counter() - 20 * per_update)
+        assert progress.pace_warning(20) is None
+
+
+def test_progress_window_and_remaining_time():
+    """The log window sums applied updates and reopens when taken; validation pauses count
+    against tokens/s, not the budget; the time left is the nearer of the two budgets."""
+    progress = Progress(start_step=10, budget=100.0, max_steps=40,
+                        t_start=time.perf_counter() - 20.0)
+    for loss, tokens in [(2.0, 100), (4.0, 300)]:
+        progress.add({"loss": loss, "tokens": tokens, "gnorm": 1.5})
+    t_open = progress.window["t"]
+    progress.pause(3.0)
+    assert progress.valid_seconds == 3.0 and progress.window["t"] == t_open + 3.0
+    window = progress.take_window()
+    assert window["loss"] == 2.0 * 100 + 4.0 * 300 and window["tokens"] == 400
+    assert window["steps"] == 2 and window["gnorm"] == 3.0
+    assert progress.window["steps"] == 0
+    # 20 s for 10 updates: 2 s each, so 20 more updates need 40 s, before the 80 s left.
+    assert progress.remaining(20) == pytest.approx(40.0, abs=0.1)
+    assert Progress(start_step=0, budget=10.0, t_start=time.perf_counter() - 20.0
+                    ).remaining(5) == 0.0
 
 
 def test_resume_takes_the_newest_checkpoint_that_loads(data_dir, tmp_path):

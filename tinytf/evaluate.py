@@ -80,6 +80,24 @@ def evaluate_loss(model, corpus, max_tokens, label_smoothing, device="cpu") -> d
             "dev_ppl": math.exp(min(total["nll"] / n, 50.0))}
 
 
+def validate(model, bpe, dev_data, dev_lines, *, max_tokens, label_smoothing, device="cpu",
+             precision="float32", bleu_sentences=0, samples=3) -> dict:
+    """What training validates with: :func:`evaluate_loss` on ``dev_data`` (the encoded
+    dev pairs) and greedy BLEU on ``dev_lines`` (sources, references), on the first
+    ``bleu_sentences`` of them (all if 0), with ``samples`` (source, reference,
+    hypothesis) triples and the seconds it took."""
+    t0 = time.perf_counter()
+    with amp.autocast(precision):
+        metrics = evaluate_loss(model, dev_data, max_tokens, label_smoothing, device)
+        src, ref = dev_lines
+        if bleu_sentences:
+            src, ref = src[:bleu_sentences], ref[:bleu_sentences]
+        hyps = greedy_translate(model, bpe, src, device)
+    metrics["dev_bleu"] = bleu(hyps, ref)
+    metrics["dev_bleu_sentences"] = len(src)
+    metrics["valid_seconds"] = time.perf_counter() - t0
+    metrics["samples"] = list(zip(src, ref, hyps))[:samples]
+    return metrics
 
 
 def test_scores(model, bpe, lines, log, device="cpu", precision="float32", beam=4,

@@ -102,6 +102,20 @@ def check_resumable(ckpt, bpe_sha: str, run_dir: str) -> None:
                          "cannot be resumed)")
 
 
+def resumed_model_config(ckpt, wanted, bpe_sha: str, run_dir: str):
+    """The model config to resume ``ckpt`` with: its own, once :func:`check_resumable`
+    passes; a :class:`TrainError` listing the fields where ``wanted`` (the
+    ``TransformerConfig`` that --config and --set ask for) differs from it."""
+    check_resumable(ckpt, bpe_sha, run_dir)
+    saved = type(wanted).from_dict(ckpt.meta["model_config"])
+    asked = wanted.to_dict()
+    diff = {k: (v, asked[k]) for k, v in saved.to_dict().items() if asked[k] != v}
+    if diff:
+        raise TrainError(f"{ckpt.path}: the run's model differs from --config/--set "
+                         f"(saved, asked): {diff}")
+    return saved
+
+
 RESUME_SENSITIVE = ("seed", "max_tokens", "update_freq", "lr_schedule", "lr", "warmup",
                     "lr_factor", "precision")
 """Options that a resumed run may change, at the price of not matching a straight run."""
@@ -178,6 +192,28 @@ class RunLock:
         """Give the directory up (closing the file drops the lock)."""
         if not self._file.closed:
             self._file.close()
+
+
+def claim_run_dir(cfg, comm):
+    """``(cfg, lock)`` for a run in ``cfg.out``: ``--resume auto`` settled (continue if the
+    directory holds checkpoints, else start), a :class:`TrainError` for ``--resume`` with
+    nothing to resume or a fresh start over a run, and on rank 0 the directory created and
+    its :class:`RunLock` taken (None on the other ranks). Every rank waits for rank 0."""
+    exists = has_checkpoint(cfg.out)
+    if cfg.resume == "auto":
+        cfg = dataclasses.replace(cfg, resume=exists)
+    if cfg.resume and not exists:
+        raise TrainError(f"--resume: {os.path.join(cfg.out, checkpoint.LAST)} does not exist "
+                         "(nothing to resume)")
+    if not cfg.resume and exists:
+        raise TrainError(f"{cfg.out} already holds a training run (checkpoints); "
+                         "pass --resume to continue it, or choose another --out")
+    lock = None
+    if comm.is_root:
+        os.makedirs(cfg.out, exist_ok=True)
+        lock = RunLock(cfg.out)     # one training per run directory
+    comm.barrier()
+    return cfg, lock
 
 
 def has_checkpoint(run_dir: str) -> bool:

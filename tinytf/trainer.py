@@ -42,18 +42,19 @@ import numpy as np
 
 from . import amp, backend, checkpoint, distributed, fast
 from .data import BatchIterator, ParallelCorpus, read_parallel
-from .evaluate import bleu, evaluate_loss, greedy_translate, test_scores
+from .evaluate import test_scores, validate
 from .optim import clip_grad_norm_array, grad_norm_array
 from .plot import write_training_plot
-from .run_dir import (RunLock, changed_on_resume, check_resumable,
-                      checkpoint_to_resume, data_paths, has_checkpoint, init_checkpoint,
-                      load_init_weights, prepared_corpus, run_bpe)
+from .run_dir import (changed_on_resume, checkpoint_to_resume, claim_run_dir, data_paths,
+                      init_checkpoint, load_init_weights, prepared_corpus,
+                      resumed_model_config, run_bpe)
 from .stop_signals import StopSignals
 from .train_config import (BPE_FILE, TrainConfig, TrainError, apply_overrides,  # noqa: F401
                            model_config_for)  # (TrainConfig, apply_overrides: re-exported)
 from .train_log import (Logger, format_seconds, log_run_start, log_validation, log_window,
                         write_run_config)
-from .transformer import Transformer, TransformerConfig, label_smoothed_loss
+from .train_progress import Progress
+from .transformer import Transformer, label_smoothed_loss
 from .workers import thread_budget
 
 
@@ -72,27 +73,6 @@ class _Update:
     tokens: float
 
 
-@dataclasses.dataclass
-class _Progress:
-    """The training loop's running totals: for the log line, the summary and the clock."""
-    start_step: int
-    budget: float
-    t_start: float = dataclasses.field(default_factory=time.perf_counter)
-    total_tokens: int = 0
-    valid_seconds: float = 0.0
-    pace_checked: bool = False      # whether the budget's update count was estimated yet
-    window: dict = dataclasses.field(default_factory=lambda: _Progress.new_window())
-
-    @staticmethod
-    def new_window() -> dict:
-        """Sums over the updates since the last log line."""
-        return {"loss": 0.0, "tokens": 0, "steps": 0, "gnorm": 0.0, "t": time.perf_counter()}
-
-    def elapsed(self) -> float:
-        """Seconds since training started (validation included)."""
-        return time.perf_counter() - self.t_start
-
-
 def _forever(iterator):
     """Yield the batches of ``iterator`` epoch after epoch (it resumes from its position)."""
     while True:
@@ -107,26 +87,14 @@ class Trainer:
     """
 
     def __init__(self, cfg: TrainConfig, comm=None, log_stream=None):
-        self.cfg = cfg = cfg.resolved()
+        cfg = cfg.resolved()
         self.comm = comm or distributed.init()
         self.root = self.comm.is_root
         self.run_dir = cfg.out
         self.device = cfg.device
-        paths = data_paths(cfg)
-        last = os.path.join(self.run_dir, checkpoint.LAST)
-        exists = has_checkpoint(self.run_dir)
-        if cfg.resume == "auto":    # continue if there is a run to continue, else start one
-            self.cfg = cfg = dataclasses.replace(cfg, resume=exists)
-        if cfg.resume and not exists:
-            raise TrainError(f"--resume: {last} does not exist (nothing to resume)")
-        if not cfg.resume and exists:
-            raise TrainError(f"{self.run_dir} already holds a training run (checkpoints); "
-                             "pass --resume to continue it, or choose another --out")
-        self.lock = None
-        if self.root:
-            os.makedirs(self.run_dir, exist_ok=True)
-            self.lock = RunLock(self.run_dir)     # one training per run directory
-        self.comm.barrier()
+        paths = data_paths(cfg)     # (a missing file fails before the directory is made)
+        self.cfg, self.lock = claim_run_dir(cfg, self.comm)  # --resume settled, locked
+        cfg = self.cfg
         self.log = Logger(self.run_dir, enabled=self.root, stream=log_stream)
         self.signals = StopSignals(self.log)
         try:
@@ -155,7 +123,10 @@ class Trainer:
         """The rest of the set-up, after the BPE: model, optimizer, data, resume state."""
         self.train_data = prepared_corpus(cfg, self.comm, self.log, paths["train"], self.bpe_sha)
         resume = checkpoint_to_resume(self.run_dir, self.log) if cfg.resume else None
-        self.model_cfg = self._model_config(resume)
+        self.model_cfg = model_config_for(self.cfg, len(self.bpe))
+        if resume is not None:      # the checkpoint's model (the flags must agree)
+            self.model_cfg = resumed_model_config(resume, self.model_cfg, self.bpe_sha,
+                                                  self.run_dir)
 
         backend.manual_seed(cfg.seed)
         self.model = Transformer(self.model_cfg)
@@ -196,20 +167,6 @@ class Trainer:
             higher_is_better=cfg.best_metric == "bleu") if self.root else None
         if self.root:
             write_run_config(self.run_dir, cfg, self.comm.size, self.device)
-
-    def _model_config(self, resume) -> TransformerConfig:
-        """The model's config: the checkpoint's when resuming (the flags must agree)."""
-        wanted = model_config_for(self.cfg, len(self.bpe))
-        if resume is None:
-            return wanted
-        check_resumable(resume, self.bpe_sha, self.run_dir)
-        saved = TransformerConfig.from_dict(resume.meta["model_config"])
-        diff = {k: (v, wanted.to_dict()[k]) for k, v in saved.to_dict().items()
-                if wanted.to_dict()[k] != v}
-        if diff:
-            raise TrainError(f"{resume.path}: the run's model differs from --config/--set "
-                             f"(saved, asked): {diff}")
-        return saved
 
     def _restore(self, ckpt):
         """Continue from ``ckpt`` exactly: parameters, Adam, step, batches, RNG."""
@@ -387,18 +344,19 @@ class Trainer:
         over --max-minutes (continuing from the fraction a resumed checkpoint had spent),
         whichever is further on."""
         spent = [(step - 1) / self.cfg.max_steps] if self.cfg.max_steps else []
-        clock = self._progress
-        if clock is not None and math.isfinite(clock.budget):
-            spent.append(self._progress_at_start
-                         + (1.0 - self._progress_at_start) * clock.elapsed() / clock.budget)
+        if self._progress is not None:
+            spent.append(self._progress.time_spent())
         return min(max(spent, default=0.0), 1.0)
 
     # ---- around the updates ------------------------------------------------------------
 
-    def _start_clock(self) -> _Progress:
+    def _start_clock(self) -> Progress:
+        """The first log lines, then this invocation's :class:`Progress` (its clock starts)."""
         self.describe()
         budget = self.cfg.max_minutes * 60.0 if self.cfg.max_minutes else math.inf
-        self._progress = _Progress(start_step=self.step, budget=budget)
+        self._progress = Progress(start_step=self.step, budget=budget,
+                                  max_steps=self.cfg.max_steps,
+                                  spent_at_start=self._progress_at_start)
         return self._progress
 
     def _stop_reason(self, progress) -> str | None:
@@ -443,9 +401,7 @@ class Trainer:
             if metrics:
                 self._plot()        # redrawn at every validation: a killed run has one too
         self.comm.barrier()
-        paused = time.perf_counter() - t_pause
-        progress.valid_seconds += paused
-        progress.window["t"] += paused  # tokens/s measures training, not validation
+        progress.pause(time.perf_counter() - t_pause)  # tokens/s measures training alone
         return True
 
     def _account(self, result: dict, progress) -> None:
@@ -471,62 +427,23 @@ class Trainer:
                     f"{where}; try a lower peak learning rate (--lr, --lr-factor), a "
                     "longer --warmup or --clip-norm 1")
             return
-        window = progress.window
-        window["loss"] += result["loss"] * result["tokens"]
-        window["tokens"] += result["tokens"]
-        window["steps"] += 1
-        window["gnorm"] += result["gnorm"]
+        progress.add(result)
         if self.step % self.cfg.log_interval == 0:
-            elapsed = progress.elapsed()
-            remaining = [progress.budget - elapsed]
-            if self.cfg.max_steps:
-                per_step = elapsed / max(self.step - progress.start_step, 1)
-                remaining.append((self.cfg.max_steps - self.step) * per_step)
-            log_window(self.log, self.step, self.batches.epoch, window, elapsed,
-                       max(min(remaining), 0.0), self.optimizer.lr,
+            log_window(self.log, self.step, self.batches.epoch, progress.take_window(),
+                       progress.elapsed(), progress.remaining(self.step), self.optimizer.lr,
                        self.scaler.scale if self.scaler.enabled else None)
-            progress.window = _Progress.new_window()
-            self._check_pace(progress)
-
-    FEW_UPDATES = 500  # fewer in a whole budget: short of updates (docs/benchmarks.md)
-
-    def _check_pace(self, progress) -> None:
-        """Once, after 20 updates: warn when the time budget, at this pace, ends with fewer
-        than `FEW_UPDATES` updates. At a fixed budget a larger batch means fewer updates, and
-        below a few hundred the model is short of updates, not of tokens (docs/benchmarks.md,
-        "Robustness of the tiny recipe")."""
-        done = self.step - progress.start_step
-        if progress.pace_checked or done < 20 or not math.isfinite(progress.budget):
-            return
-        progress.pace_checked = True
-        elapsed = progress.elapsed()
-        per_step = (elapsed - progress.valid_seconds) / done
-        expected = self.step + round(max(progress.budget - elapsed, 0.0) / per_step)
-        if self.cfg.max_steps:
-            expected = min(expected, self.cfg.max_steps)
-            if expected == self.cfg.max_steps:
-                return  # the user's own step budget ends first
-        if expected < self.FEW_UPDATES:
-            self.log.info(
-                f"warning: at {per_step:.2f} s per update the {self.cfg.max_minutes:g}-minute "
-                f"budget ends after about {expected} updates; with so few, a smaller "
-                f"--max-tokens (more, smaller updates) or a longer --max-minutes learns more")
+            warning = progress.pace_warning(self.step)
+            if warning:
+                self.log.info(warning)
 
     def validate(self, bleu_sentences: int | None = None) -> dict:
-        """Dev loss and greedy dev BLEU (on the first ``bleu_sentences`` pairs; all if 0)."""
-        t0 = time.perf_counter()
-        with amp.autocast(self.policy):
-            metrics = evaluate_loss(self.model, self.dev_data, self.cfg.max_tokens,
-                                    self.model_cfg.label_smoothing, self.device)
-            src, ref = self.dev_lines
-            if bleu_sentences:
-                src, ref = src[:bleu_sentences], ref[:bleu_sentences]
-            hyps = greedy_translate(self.model, self.bpe, src, self.device)
-        metrics["dev_bleu"] = bleu(hyps, ref)
-        metrics["dev_bleu_sentences"] = len(src)
-        metrics["valid_seconds"] = time.perf_counter() - t0
-        metrics["samples"] = list(zip(src, ref, hyps))[:self.cfg.valid_samples]
-        return metrics
+        """Dev loss and greedy dev BLEU (on the first ``bleu_sentences`` pairs; all if 0),
+        with the log's sample translations (:func:`tinytf.evaluate.validate`)."""
+        return validate(self.model, self.bpe, self.dev_data, self.dev_lines,
+                        max_tokens=self.cfg.max_tokens,
+                        label_smoothing=self.model_cfg.label_smoothing, device=self.device,
+                        precision=self.policy.name, bleu_sentences=bleu_sentences or 0,
+                        samples=self.cfg.valid_samples)
 
     @property
     def metric_key(self) -> str:

@@ -1,0 +1,101 @@
+"""What the training loop knows about its own progress: the clock, the share of the budget
+spent, the running totals, and the window of updates that each log line reports.
+
+:class:`Progress` is the state of one :meth:`tinytf.trainer.Trainer.train` invocation.
+The time budget (``--max-minutes``) is this invocation's; a resumed run carries the
+fraction its checkpoint had spent (``spent_at_start``), so the budget-aware ``linear``
+schedule (:mod:`tinytf.schedule`) continues where it stopped. Validation pauses the
+clock for tokens/s (:meth:`Progress.pause`) but not for the budget: a time budget is
+wall-clock time, validations included.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+FEW_UPDATES = 500  # fewer in a whole budget: short of updates (docs/benchmarks.md)
+
+
+def new_window() -> dict:
+    """Sums over the updates since the last log line, and when the window opened."""
+    return {"loss": 0.0, "tokens": 0, "steps": 0, "gnorm": 0.0, "t": time.perf_counter()}
+
+
+@dataclasses.dataclass
+class Progress:
+    """The running loop's clock and totals, for the log line, the summary and the schedule.
+
+    ``budget``: seconds of training allowed to this invocation (``inf`` without
+    ``--max-minutes``); ``max_steps``: the run's update budget (0 without one).
+    """
+    start_step: int
+    budget: float
+    max_steps: int = 0
+    spent_at_start: float = 0.0     # budget fraction spent before this invocation
+    t_start: float = dataclasses.field(default_factory=time.perf_counter)
+    total_tokens: int = 0
+    valid_seconds: float = 0.0      # time in validation and checkpoints
+    pace_checked: bool = False      # whether the budget's update count was estimated yet
+    window: dict = dataclasses.field(default_factory=new_window)
+
+    def elapsed(self) -> float:
+        """Seconds since training started (validation included)."""
+        return time.perf_counter() - self.t_start
+
+    def time_spent(self) -> float:
+        """The fraction of the run's time budget spent: ``spent_at_start`` plus this
+        invocation's clock over its budget, scaled to what was left (0 without a budget)."""
+        if not math.isfinite(self.budget):
+            return 0.0
+        return self.spent_at_start + (1.0 - self.spent_at_start) * self.elapsed() / self.budget
+
+    def pause(self, seconds: float) -> None:
+        """Count ``seconds`` of validation or saving: not training time for tokens/s."""
+        self.valid_seconds += seconds
+        self.window["t"] += seconds
+
+    def add(self, result: dict) -> None:
+        """An applied update's loss per token, tokens and gradient norm into the window."""
+        w = self.window
+        w["loss"] += result["loss"] * result["tokens"]
+        w["tokens"] += result["tokens"]
+        w["steps"] += 1
+        w["gnorm"] += result["gnorm"]
+
+    def take_window(self) -> dict:
+        """The window's sums (for a log line); a new window opens."""
+        window, self.window = self.window, new_window()
+        return window
+
+    def remaining(self, step: int) -> float:
+        """Seconds left at ``step``: the time budget's, or the step budget's at the pace so
+        far, whichever ends first."""
+        elapsed = self.elapsed()
+        remaining = [self.budget - elapsed]
+        if self.max_steps:
+            per_step = elapsed / max(step - self.start_step, 1)
+            remaining.append((self.max_steps - step) * per_step)
+        return max(min(remaining), 0.0)
+
+    def pace_warning(self, step: int) -> str | None:
+        """Once, after 20 updates: a warning when the time budget, at this pace, ends with
+        fewer than `FEW_UPDATES` updates, else None. At a fixed budget a larger batch means
+        fewer updates, and below a few hundred the model is short of updates, not of
+        tokens (docs/benchmarks.md, "Robustness of the tiny recipe")."""
+        done = step - self.start_step
+        if self.pace_checked or done < 20 or not math.isfinite(self.budget):
+            return None
+        self.pace_checked = True
+        elapsed = self.elapsed()
+        per_step = (elapsed - self.valid_seconds) / done
+        expected = step + round(max(self.budget - elapsed, 0.0) / per_step)
+        if self.max_steps:
+            expected = min(expected, self.max_steps)
+            if expected == self.max_steps:
+                return None     # the user's own step budget ends first
+        if expected >= FEW_UPDATES:
+            return None
+        return (f"warning: at {per_step:.2f} s per update the {self.budget / 60:g}-minute "
+                f"budget ends after about {expected} updates; with so few, a smaller "
+                f"--max-tokens (more, smaller updates) or a longer --max-minutes learns more")
