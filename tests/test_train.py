@@ -27,9 +27,9 @@ TINY = ["d_model=16", "n_heads=2", "d_ff=32", "n_encoder_layers=1", "n_decoder_l
 
 
 def _config(data_dir, out, **kw):
-    kw = {"save_interval": 1000, "warmup": 4, "lr_factor": 1.0, **kw}
-    cfg = TrainConfig(data=data_dir, out=str(out), vocab_size=300, max_tokens=200,
-                      log_interval=2, seed=3, **kw)
+    kw = {"save_interval": 1000, "warmup": 4, "lr_factor": 1.0, "max_tokens": 200, **kw}
+    cfg = TrainConfig(data=data_dir, out=str(out), vocab_size=300, log_interval=2, seed=3,
+                      **kw)
     return apply_overrides(cfg, TINY)
 
 
@@ -616,3 +616,52 @@ def test_a_failed_start_leaves_no_bpe_and_a_stale_bpe_is_refused(data_dir, tmp_p
     with pytest.raises(TrainError, match="learnt for --vocab-size 300, this run asks for 280"):
         trainer.Trainer(dataclasses.replace(_config(data_dir, tmp_path / "r2", max_steps=1),
                                             vocab_size=280), log_stream=open(os.devnull, "w"))
+
+
+def test_fitted_batch_halves_to_the_floor_while_the_budget_holds_too_few_updates():
+    """--min-updates: the batch is halved while the time budget at the measured pace holds
+    fewer updates than asked, down to 1,024 tokens; a step budget that ends the run first
+    leaves it alone."""
+    from tinytf.train_config import MIN_FITTED_TOKENS, fitted_max_tokens
+    # 1.2 s per 2,048-token update: 500 in 10 minutes; 1,024 tokens give about 1,000.
+    assert fitted_max_tokens(2048, 1.2, 600.0, 1500) == 1024 == MIN_FITTED_TOKENS
+    assert fitted_max_tokens(2048, 0.3, 600.0, 1500) == 2048     # 2,000 updates: enough
+    assert fitted_max_tokens(8192, 2.4, 600.0, 1000) == 2048     # 250 -> 500 -> 1,000
+    assert fitted_max_tokens(8192, 2.4, 600.0, 10**9) == 1024    # never below the floor
+    assert fitted_max_tokens(2048, 1.2, 600.0, 1500, max_steps=400) == 2048  # steps end first
+    assert fitted_max_tokens(4096, 2.4, 600.0, 1500, max_steps=400) == 2048  # 250 -> 500
+    assert fitted_max_tokens(512, 10.0, 60.0, 1500) == 512       # already below the floor
+
+
+def test_the_tiny_preset_fits_its_own_batch_not_the_users():
+    """min_updates resolves to the tiny preset's 1,500 when --max-tokens is not given, to 0
+    (off) when it is, and to 0 for the paper's presets; a user's value is kept."""
+    assert TrainConfig().resolved().min_updates == 1500
+    assert TrainConfig().resolved().fits_batch()                 # the 10-minute default
+    assert TrainConfig(max_tokens=4096).resolved().min_updates == 0
+    assert TrainConfig(max_tokens=4096, min_updates=800).resolved().min_updates == 800
+    assert TrainConfig(config="base").resolved().min_updates == 0
+    assert not TrainConfig(max_steps=100).resolved().fits_batch()  # no time budget
+    with pytest.raises(TrainError, match="min_updates"):
+        TrainConfig(min_updates=-1).resolved()
+
+
+def test_a_fitted_batch_trains_as_if_the_user_had_chosen_it(data_dir, tmp_path):
+    """A run whose budget is too short for the preset's batch starts with the halved batch,
+    logs why, and its first update equals, bitwise, that of a run given that batch: timing
+    the preset's batches changes no weight and no random state."""
+    import io
+    log = io.StringIO()
+    fitted = trainer.Trainer(_config(data_dir, tmp_path / "fitted", max_tokens=None,
+                                     min_updates=10**9, max_minutes=1.0), log_stream=log)
+    assert fitted.cfg.max_tokens == 1024 and fitted.batches.max_tokens == 1024
+    assert "batch: 1,024 tokens, fitted to the budget: a 2,048-token update takes" in \
+        log.getvalue()
+    given = trainer.Trainer(_config(data_dir, tmp_path / "given", max_tokens=1024,
+                                    max_minutes=1.0), log_stream=open(os.devnull, "w"))
+    assert given.cfg.min_updates == 0
+    for run in (fitted, given):
+        run.train_step([next(iter(run.batches))])
+    for (name, a), (_, b) in zip(fitted.params, given.params):
+        assert a.data.tobytes() == b.data.tobytes(), name
+    fitted.close(), given.close()

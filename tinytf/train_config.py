@@ -44,6 +44,7 @@ class TrainConfig:
     config: str = "tiny"              # preset of TransformerConfig
     model_overrides: dict = dataclasses.field(default_factory=dict)
     max_tokens: int | None = None     # padded tokens per batch and side, per rank
+    min_updates: int | None = None    # with --max-minutes: halve the batch until it fits (0: off)
     update_freq: int = 1              # batches accumulated per update
     max_steps: int | None = None      # stop after this many updates (0/None: no limit)
     max_minutes: float | None = None  # stop after this wall time (0/None: no limit)
@@ -78,12 +79,13 @@ class TrainConfig:
         # Measured on 2 CPU cores and the shipped corpus (docs/training.md, "The tiny
         # recipe"): warm up to 2e-3 over 30 % of the budget (the paper's 4,000 updates cap
         # it only in runs of over 13,333), then decay to zero at its end; 2,048-token
-        # batches; a 4k BPE (and the tiny preset's pre-LN).
-        "tiny": dict(max_tokens=2048, lr_schedule="linear", lr=2e-3, warmup=4000,
-                     vocab_size=4000, save_interval=200),
+        # batches, halved (to 1,024 at least) where the machine's pace gives a time budget
+        # fewer than 1,500 updates of them; a 4k BPE (and the tiny preset's pre-LN).
+        "tiny": dict(max_tokens=2048, min_updates=1500, lr_schedule="linear", lr=2e-3,
+                     warmup=4000, vocab_size=4000, save_interval=200),
         # The paper: warmup 4000, factor 1 (its batches held ~25k tokens per side).
-        "default": dict(max_tokens=4096, lr_schedule="noam", lr_factor=1.0, warmup=4000,
-                        vocab_size=8000, save_interval=1000),
+        "default": dict(max_tokens=4096, min_updates=0, lr_schedule="noam", lr_factor=1.0,
+                        warmup=4000, vocab_size=8000, save_interval=1000),
     }
 
     def resolved(self) -> "TrainConfig":
@@ -91,6 +93,8 @@ class TrainConfig:
         defaults = self.preset_defaults()
         cfg = dataclasses.replace(self, model_overrides=dict(self.model_overrides))
         cfg._resolve_schedule(defaults)
+        if cfg.min_updates is None:     # the preset fits its own batch, never the user's
+            cfg.min_updates = defaults["min_updates"] if cfg.max_tokens is None else 0
         for key, value in defaults.items():
             if getattr(cfg, key) is None and key not in ("lr", "lr_factor"):
                 setattr(cfg, key, value)
@@ -190,7 +194,8 @@ class TrainConfig:
                 raise TrainError(f"{key} must be positive, got {getattr(self, key)}")
         if self.best_metric not in ("loss", "bleu"):
             raise TrainError(f"--best-metric {self.best_metric!r}: choose loss or bleu")
-        for key in ("max_steps", "max_minutes", "clip_norm", "keep_last", "max_epochs",
+        for key in ("max_steps", "max_minutes", "min_updates", "clip_norm", "keep_last",
+                    "max_epochs",
                     "patience", "valid_bleu_sentences", "valid_samples", "test_beam"):
             if getattr(self, key) is not None and getattr(self, key) < 0:
                 raise TrainError(f"{key} must not be negative, got {getattr(self, key)}")
@@ -198,6 +203,36 @@ class TrainConfig:
     def to_dict(self) -> dict:
         """JSON-serialisable dict of every field."""
         return dataclasses.asdict(self)
+
+    def fits_batch(self) -> bool:
+        """Whether a new run of this (resolved) config fits its batch to its time budget."""
+        return bool(self.min_updates and self.max_minutes and not self.resume)
+
+
+MIN_FITTED_TOKENS = 1024
+"""The smallest batch that fitting a batch to a budget chooses (docs/training.md)."""
+
+
+def fitted_max_tokens(max_tokens: int, seconds_per_update: float, budget_seconds: float,
+                      min_updates: int, max_steps: int = 0) -> int:
+    """The batch for a time budget (``--min-updates``): ``max_tokens``, halved while the
+    budget, at ``seconds_per_update`` for batches of ``max_tokens`` (an update's time taken
+    as proportional to its tokens), holds fewer than ``min_updates`` updates, and never
+    below :data:`MIN_FITTED_TOKENS`. Unchanged when ``max_steps`` ends the run first.
+
+    At a fixed budget a smaller batch makes more updates of fewer tokens each; below about
+    a thousand updates the tiny model is short of updates rather than of tokens
+    (docs/training.md, "The batch and the budget")."""
+    updates = budget_seconds / max(seconds_per_update, 1e-9)
+    if max_steps and max_steps <= updates:
+        return max_tokens
+    tokens = max_tokens
+    while updates < min_updates and tokens // 2 >= MIN_FITTED_TOKENS:
+        tokens //= 2
+        updates *= 2
+        if max_steps and max_steps <= updates:
+            break
+    return tokens
 
 
 def _parse_value(text: str, current, key: str):

@@ -34,6 +34,7 @@ taken collectively so that no rank waits for ever in a collective that the other
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 import time
@@ -50,7 +51,7 @@ from .run_dir import (changed_on_resume, checkpoint_to_resume, claim_run_dir, da
                       resumed_model_config, run_bpe)
 from .stop_signals import StopSignals
 from .train_config import (BPE_FILE, TrainConfig, TrainError, apply_overrides,  # noqa: F401
-                           model_config_for)  # (TrainConfig, apply_overrides: re-exported)
+                           fitted_max_tokens, model_config_for)  # (apply_overrides: re-exported)
 from .train_log import (Logger, format_seconds, log_run_start, log_validation, log_window,
                         write_run_config)
 from .train_progress import Progress
@@ -141,6 +142,8 @@ class Trainer:
         # policy; a loss scaler only for fp16 (a pass-through otherwise).
         self.policy = amp.Policy(cfg.precision)
         self.scaler = amp.DynamicLossScaler(enabled=self.policy.loss_scaling)
+        if cfg.fits_batch():
+            self.cfg = cfg = self._fit_batch_to_budget(cfg)
 
         # Dev pairs longer than a batch cannot be scored for loss (BLEU still sees them).
         self.dev_data = ParallelCorpus(*self.dev_lines, self.bpe,
@@ -167,6 +170,45 @@ class Trainer:
             higher_is_better=cfg.best_metric == "bleu") if self.root else None
         if self.root:
             write_run_config(self.run_dir, cfg, self.comm.size, self.device)
+
+    def _fit_batch_to_budget(self, cfg) -> TrainConfig:
+        """``cfg`` with the batch fitted to the time budget (``--min-updates``: the tiny
+        preset's default when ``--max-tokens`` is not given): a few forward and backward
+        passes at the preset's batch size give the machine's pace, and
+        :func:`~tinytf.train_config.fitted_max_tokens` halves the batch while the budget
+        at that pace holds too few updates. The passes change no weight and no random
+        state; rank 0's measurement decides for every rank."""
+        try:
+            probe = BatchIterator(self.train_data, cfg.max_tokens, seed=cfg.seed,
+                                  rank=self.comm.rank, world_size=self.comm.size)
+        except ValueError as e:
+            raise TrainError(str(e)) from None
+        rng = backend.get_rng_state()
+        self.model.train()
+        seconds = []
+        for batch in itertools.islice(probe, 4):
+            t0 = time.perf_counter()
+            with amp.autocast(self.policy):
+                loss_sum, _ = Trainer.run_batches(self, [batch], seed=cfg.seed)  # eager
+            float(loss_sum)                         # (waits for a GPU)
+            seconds.append(time.perf_counter() - t0)
+        self.optimizer.zero_grad()
+        backend.set_rng_state(rng)
+        per_update = float(np.median(seconds[1:] or seconds))   # the first pass allocates
+        fitted = self.comm.broadcast_object(fitted_max_tokens(
+            cfg.max_tokens, per_update, cfg.max_minutes * 60.0, cfg.min_updates,
+            cfg.max_steps or 0))
+        updates = cfg.max_minutes * 60.0 / per_update
+        pace = (f"a {cfg.max_tokens:,}-token update takes about {per_update:.2f} s here, so "
+                f"{cfg.max_minutes:g} minutes hold about {updates:.0f} of them")
+        if fitted != cfg.max_tokens:
+            self.log.info(f"batch: {fitted:,} tokens, fitted to the budget: {pace}, fewer "
+                          f"than --min-updates {cfg.min_updates} (docs/training.md, \"The "
+                          "batch and the budget\"; --max-tokens sets the batch)")
+        else:
+            self.log.info(f"batch: {fitted:,} tokens: {pace} (--min-updates "
+                          f"{cfg.min_updates})")
+        return dataclasses.replace(cfg, max_tokens=fitted)
 
     def _restore(self, ckpt):
         """Continue from ``ckpt`` exactly: parameters, Adam, step, batches, RNG."""
@@ -502,7 +544,8 @@ class Trainer:
                    "valid_seconds": round(progress.valid_seconds, 3), "target_tokens": tokens,
                    "target_tokens_per_s": round(
                        tokens / max(train_seconds - progress.valid_seconds, 1e-9), 1),
-                   "skipped_steps": self.skipped, "ranks": self.comm.size,
+                   "skipped_steps": self.skipped, "max_tokens": self.cfg.max_tokens,
+                   "ranks": self.comm.size,
                    "precision": self.policy.name,
                    "parameters": self.model.num_parameters(), "run_dir": self.run_dir}
         if stop == "signal":

@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"model preset: tiny, small, base, big (default: {d.config})")
     p.add_argument("--max-tokens", type=int, metavar="N",
                    help="padded tokens per batch and side, per rank")
+    p.add_argument("--min-updates", type=int, metavar="N",
+                   help="with --max-minutes: time a few batches first and halve the batch "
+                        "(to 1024 tokens at least) while the budget at that pace holds fewer "
+                        "than N updates (default: tiny 1500 when --max-tokens is not given, "
+                        "else 0: off)")
     p.add_argument("--update-freq", type=int, default=d.update_freq, metavar="K",
                    help="batches accumulated into one update (default: 1)")
     p.add_argument("--max-steps", type=int, metavar="N",
@@ -143,7 +148,8 @@ def config_from_args(args, given=frozenset()) -> TrainConfig:
     --resume, the run's stored options with the ``given`` ones on top."""
     cfg = TrainConfig(
         data=args.data, src=args.src, tgt=args.tgt, out=args.out, config=args.config,
-        max_tokens=args.max_tokens, update_freq=args.update_freq, max_steps=args.max_steps,
+        max_tokens=args.max_tokens, min_updates=args.min_updates,
+        update_freq=args.update_freq, max_steps=args.max_steps,
         max_minutes=args.max_minutes, lr_schedule=args.lr_schedule, lr=args.lr,
         warmup=args.warmup, lr_factor=args.lr_factor,
         vocab_size=args.vocab_size, seed=args.seed, resume=args.resume, device=args.device,
