@@ -50,8 +50,9 @@ from .run_dir import (changed_on_resume, checkpoint_to_resume, claim_run_dir, da
                       init_checkpoint, load_init_weights, prepared_corpus,
                       resumed_model_config, run_bpe)
 from .stop_signals import StopSignals
+# (TrainConfig and apply_overrides are also re-exported: callers import them from here.)
 from .train_config import (BPE_FILE, TrainConfig, TrainError, apply_overrides,  # noqa: F401
-                           fitted_max_tokens, model_config_for)  # (apply_overrides: re-exported)
+                           fitted_max_tokens, model_config_for)
 from .train_log import (Logger, format_seconds, log_run_start, log_validation, log_window,
                         write_run_config)
 from .train_progress import Progress
