@@ -13,7 +13,9 @@ One update (section 5 of the paper, docs/training.md), :meth:`Trainer.train`::
     every few updates: log, validate, save
 
 Around it: the joint BPE is learnt into the run directory once (:mod:`tinytf.run_dir`);
-token-based batches come from :class:`tinytf.data.BatchIterator`; every ``log_interval``
+token-based batches come from :class:`tinytf.data.BatchIterator` (with ``--min-updates``,
+their size is first fitted to the time budget at the machine's measured pace); the clock
+and the log line's sums are :class:`tinytf.train_progress.Progress`; every ``log_interval``
 steps a log line (:mod:`tinytf.train_log`); every ``valid_interval`` steps dev loss and dev
 BLEU (greedy, :mod:`tinytf.evaluate`); every ``save_interval`` steps an atomic checkpoint
 (:mod:`tinytf.checkpoint`) that holds everything needed to continue *exactly*: parameters,
