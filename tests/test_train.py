@@ -665,3 +665,18 @@ def test_a_fitted_batch_trains_as_if_the_user_had_chosen_it(data_dir, tmp_path):
     for (name, a), (_, b) in zip(fitted.params, given.params):
         assert a.data.tobytes() == b.data.tobytes(), name
     fitted.close(), given.close()
+
+
+def test_min_updates_on_the_command_line(data_dir, tmp_path, capsys):
+    """--min-updates reaches the config (and is checked); with --max-tokens and a budget
+    that holds enough updates the batch is the user's, and the summary reports it."""
+    code, _, err = _train_main(capsys, "--out", str(tmp_path / "bad"), "--min-updates", "-1")
+    assert code == 2 and "min_updates must not be negative" in err
+    sets = [a for s in TINY for a in ("--set", s)]
+    code, out, err = _train_main(capsys, "--data", data_dir, "--out", str(tmp_path / "r"),
+                                 "--max-minutes", "0.2", "--max-steps", "2", "--min-updates",
+                                 "3", "--max-tokens", "2048", "--vocab-size", "300",
+                                 "--set", "test_bleu=false", *sets)
+    assert code == 0, err
+    assert "batch: 2,048 tokens: a 2,048-token update takes about" in err  # steps end first
+    assert json.loads(out.strip().splitlines()[-1])["max_tokens"] == 2048
