@@ -400,7 +400,7 @@ class Trainer:
         self.describe()
         budget = self.cfg.max_minutes * 60.0 if self.cfg.max_minutes else math.inf
         self._progress = Progress(start_step=self.step, budget=budget,
-                                  max_steps=self.cfg.max_steps,
+                                  max_steps=self.cfg.max_steps or 0,
                                   spent_at_start=self._progress_at_start)
         return self._progress
 
