@@ -80,6 +80,14 @@ def _train_main(capsys, *args):
     return code, out, err
 
 
+def _train_tiny(capsys, data_dir, out, *args):
+    """train.py's main() on the test model (TINY, a 300-piece BPE, no test decoding) with
+    ``args`` on top: (status, stdout, stderr)."""
+    sets = [a for s in TINY for a in ("--set", s)]
+    return _train_main(capsys, "--data", data_dir, "--out", str(out), "--vocab-size", "300",
+                       "--set", "test_bleu=false", *sets, *args)
+
+
 def test_cli_smoke_run_prints_json_summary(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     sets = [a for s in TINY for a in ("--set", s)]
@@ -461,11 +469,9 @@ def test_schedule_flags_on_the_command_line(data_dir, tmp_path, capsys):
     code, _, err = _train_main(capsys, "--out", str(tmp_path / "r"), "--lr", "1e-3",
                                "--lr-factor", "1")
     assert code == 2 and "exclude each other" in err and not (tmp_path / "r").exists()
-    sets = [a for s in TINY for a in ("--set", s)]
-    code, out, err = _train_main(capsys, "--data", data_dir, "--out", str(tmp_path / "w"),
-                                 "--max-steps", "1", "--vocab-size", "300", "--max-tokens",
-                                 "200", "--lr-factor", "0.05", "--warmup", "4000",
-                                 "--set", "test_bleu=false", *sets)
+    code, out, err = _train_tiny(capsys, data_dir, tmp_path / "w", "--max-steps", "1",
+                                 "--max-tokens", "200", "--lr-factor", "0.05", "--warmup",
+                                 "4000")
     assert code == 0, err
     assert "schedule: noam: lr = 0.05 * 16^-0.5" in err
     assert "warning: peak learning rate" in err and "tuned for" in err
@@ -672,11 +678,9 @@ def test_min_updates_on_the_command_line(data_dir, tmp_path, capsys):
     that holds enough updates the batch is the user's, and the summary reports it."""
     code, _, err = _train_main(capsys, "--out", str(tmp_path / "bad"), "--min-updates", "-1")
     assert code == 2 and "min_updates must not be negative" in err
-    sets = [a for s in TINY for a in ("--set", s)]
-    code, out, err = _train_main(capsys, "--data", data_dir, "--out", str(tmp_path / "r"),
-                                 "--max-minutes", "0.2", "--max-steps", "2", "--min-updates",
-                                 "3", "--max-tokens", "2048", "--vocab-size", "300",
-                                 "--set", "test_bleu=false", *sets)
+    code, out, err = _train_tiny(capsys, data_dir, tmp_path / "r", "--max-minutes", "0.2",
+                                 "--max-steps", "2", "--min-updates", "3", "--max-tokens",
+                                 "2048")
     assert code == 0, err
     assert "batch: 2,048 tokens: a 2,048-token update takes about" in err  # steps end first
     assert json.loads(out.strip().splitlines()[-1])["max_tokens"] == 2048
