@@ -223,15 +223,10 @@ def fitted_max_tokens(max_tokens: int, seconds_per_update: float, budget_seconds
     At a fixed budget a smaller batch makes more updates of fewer tokens each; below about
     a thousand updates the tiny model is short of updates rather than of tokens
     (docs/training.md, "The batch and the budget")."""
-    updates = budget_seconds / max(seconds_per_update, 1e-9)
-    if max_steps and max_steps <= updates:
-        return max_tokens
-    tokens = max_tokens
-    while updates < min_updates and tokens // 2 >= MIN_FITTED_TOKENS:
-        tokens //= 2
-        updates *= 2
-        if max_steps and max_steps <= updates:
-            break
+    tokens, updates = max_tokens, budget_seconds / max(seconds_per_update, 1e-9)
+    while (updates < min_updates and tokens // 2 >= MIN_FITTED_TOKENS
+           and not (max_steps and max_steps <= updates)):
+        tokens, updates = tokens // 2, updates * 2
     return tokens
 
 

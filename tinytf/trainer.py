@@ -152,11 +152,7 @@ class Trainer:
         self.dev_data = ParallelCorpus(*self.dev_lines, self.bpe,
                                        min(self.model_cfg.max_len, cfg.max_tokens),
                                        name=f"{paths['dev'][0]} / {paths['dev'][1]}")
-        try:
-            self.batches = BatchIterator(self.train_data, cfg.max_tokens, seed=cfg.seed,
-                                         rank=self.comm.rank, world_size=self.comm.size)
-        except ValueError as e:
-            raise TrainError(str(e)) from None
+        self.batches = self._train_batches(cfg)
 
         self.step = 0           # updates applied
         self.bad_in_a_row = 0
@@ -174,6 +170,15 @@ class Trainer:
         if self.root:
             write_run_config(self.run_dir, cfg, self.comm.size, self.device)
 
+    def _train_batches(self, cfg) -> BatchIterator:
+        """This rank's token batches of the training pairs at ``cfg.max_tokens``, from the
+        start of epoch 1 (a :class:`TrainError` if a pair cannot fit a batch)."""
+        try:
+            return BatchIterator(self.train_data, cfg.max_tokens, seed=cfg.seed,
+                                 rank=self.comm.rank, world_size=self.comm.size)
+        except ValueError as e:
+            raise TrainError(str(e)) from None
+
     def _fit_batch_to_budget(self, cfg) -> TrainConfig:
         """``cfg`` with the batch fitted to the time budget (``--min-updates``: the tiny
         preset's default when ``--max-tokens`` is not given): a few forward and backward
@@ -181,11 +186,7 @@ class Trainer:
         :func:`~tinytf.train_config.fitted_max_tokens` halves the batch while the budget
         at that pace holds too few updates. The passes change no weight and no random
         state; rank 0's measurement decides for every rank."""
-        try:
-            probe = BatchIterator(self.train_data, cfg.max_tokens, seed=cfg.seed,
-                                  rank=self.comm.rank, world_size=self.comm.size)
-        except ValueError as e:
-            raise TrainError(str(e)) from None
+        probe = self._train_batches(cfg)
         rng = backend.get_rng_state()
         self.model.train()
         seconds = []
