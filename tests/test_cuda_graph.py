@@ -114,7 +114,7 @@ def test_step_graphs_equal_the_unpadded_step():
                                        err_msg=name)
     # (3, 5, 4) and (3, 6, 3) share the shape (3, 8, 8); (19, 7, 9) pads to 20 rows.
     assert graphs.captures == 3
-    assert list(graphs.graphs) == [(3, 8, 8), (18, 16, 8)]        # max_graphs = 2, LRU
+    assert [shape for shape, _ in graphs.graphs] == [(3, 8, 8), (18, 16, 8)]  # max 2, LRU
     assert bucket_shape(19, 7, 9) == (20, 8, 16)
 
 
@@ -127,7 +127,7 @@ def test_step_graphs_never_pad_beyond_the_models_length():
     graphs = StepGraphs(_loss_fn(model), opt, "cpu", capture=EagerReplay, max_len=61)
     graphs.run(_batch(rng, 2, 58, 60))           # 64 and 64 would not fit: 61 and 61
     graphs.run(_batch(rng, 2, 30, 20))
-    assert list(graphs.graphs) == [(2, 61, 61), (2, 32, 24)]
+    assert [shape for shape, _ in graphs.graphs] == [(2, 61, 61), (2, 32, 24)]
     with pytest.raises(ValueError, match="exceeds max_len"):   # without the cap
         StepGraphs(_loss_fn(model), opt, "cpu", capture=EagerReplay).run(_batch(rng, 2, 58, 60))
 
@@ -256,3 +256,18 @@ def test_the_device_loss_scale_follows_the_scale():
     scaler.load_state_dict(dict(scaler.state_dict(), scale=32.0))
     assert float(device_scale) == 32.0
     assert amp.DynamicLossScaler(enabled=False).scale_loss(loss, on_device=True) is loss
+
+
+def test_step_graphs_keep_one_graph_per_variant():
+    """A step captured without dropout is never replayed with it (late dropout switches the
+    model's training mode during a run): each (shape, variant) gets its own graph."""
+    rng = np.random.default_rng(4)
+    model = _model()
+    opt = adam(model.named_parameters(), lr=1e-3)
+    _eager_grads(model, _batch(rng, 2, 4, 4))
+    opt.step()
+    graphs = StepGraphs(_loss_fn(model), opt, "cpu", capture=EagerReplay)
+    for variant in (False, False, True, True):
+        graphs.run(_batch(rng, 2, 4, 4), variant=variant)
+    assert graphs.captures == 2
+    assert list(graphs.graphs) == [((2, 8, 8), False), ((2, 8, 8), True)]

@@ -20,10 +20,11 @@ from tinytf.trainer import TrainConfig, TrainError, apply_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# A model small enough that a step takes milliseconds; dropout stays on, so resuming must
-# also reproduce the dropout masks.
+# A model small enough that a step takes milliseconds; dropout on from the start (not the
+# tiny preset's late dropout), so resuming must also reproduce the dropout masks.
 TINY = ["d_model=16", "n_heads=2", "d_ff=32", "n_encoder_layers=1", "n_decoder_layers=1",
-        "dropout=0.1", "max_len=64", "train_max_len=40", "valid_bleu_sentences=4"]
+        "dropout=0.1", "dropout_from_epoch=1", "max_len=64", "train_max_len=40",
+        "valid_bleu_sentences=4"]
 
 
 def _config(data_dir, out, **kw):
@@ -684,3 +685,55 @@ def test_min_updates_on_the_command_line(data_dir, tmp_path, capsys):
     assert code == 0, err
     assert "batch: 2,048 tokens: a 2,048-token update takes about" in err  # steps end first
     assert json.loads(out.strip().splitlines()[-1])["max_tokens"] == 2048
+
+
+def test_late_dropout_resolves_per_preset_and_is_checked():
+    """The tiny preset's dropout acts from epoch 5, the paper's presets' from the start; a
+    user's value is kept, and a value below 1 is an error."""
+    assert TrainConfig().resolved().dropout_from_epoch == 5
+    assert TrainConfig(config="base").resolved().dropout_from_epoch == 1
+    assert apply_overrides(TrainConfig(), ["dropout_from_epoch=1"]).resolved() \
+        .dropout_from_epoch == 1
+    with pytest.raises(TrainError, match="dropout_from_epoch must be at least 1"):
+        TrainConfig(dropout_from_epoch=0).resolved()
+
+
+def test_late_dropout_trains_without_dropout_until_its_epoch_and_resumes_bitwise(
+        data_dir, tmp_path):
+    """With dropout_from_epoch=2 the updates of epoch 1 equal, bitwise, those of a model
+    without dropout; from epoch 2 on the masks act (the weights part), the log says when,
+    and a run stopped in epoch 1 and resumed past the switch equals a straight run."""
+    import io
+
+    def late(out, **kw):
+        return apply_overrides(_config(data_dir, out, **kw), ["dropout_from_epoch=2"])
+
+    def no_dropout(out, **kw):
+        return apply_overrides(_config(data_dir, out, **kw), ["dropout=0"])
+    probe = trainer.Trainer(late(tmp_path / "probe"), log_stream=open(os.devnull, "w"))
+    per_epoch = len(probe.batches)
+    probe.close()
+    assert per_epoch >= 2
+    weights = {}
+    for name, make in (("late", late), ("none", no_dropout)):
+        for steps in (per_epoch, per_epoch + 2):
+            log = io.StringIO()
+            t = trainer.Trainer(make(tmp_path / f"{name}{steps}", max_steps=steps),
+                                log_stream=log)
+            t.train()
+            weights[name, steps] = [p.data.copy() for _, p in t.params]
+            if name == "late":
+                assert ("dropout: none in epochs 1-1, 0.1 from epoch 2 on" in log.getvalue())
+                assert ("epoch 2: dropout 0.1 from here on" in log.getvalue()) == \
+                    (steps > per_epoch)
+            t.close()
+    for a, b in zip(weights["late", per_epoch], weights["none", per_epoch]):
+        assert a.tobytes() == b.tobytes()                   # epoch 1: no dropout
+    assert any(a.tobytes() != b.tobytes() for a, b in
+               zip(weights["late", per_epoch + 2], weights["none", per_epoch + 2]))
+    _run(late(tmp_path / "split", max_steps=per_epoch - 1))
+    _run(late(tmp_path / "split", max_steps=per_epoch + 2, resume=True))
+    resumed = checkpoint.load(tmp_path / "split" / checkpoint.LAST)
+    straight = checkpoint.load(tmp_path / f"late{per_epoch + 2}" / checkpoint.LAST)
+    for name in straight.model:
+        assert straight.model[name].tobytes() == resumed.model[name].tobytes(), name

@@ -208,7 +208,7 @@ class StepGraphs:
         self.capture = capture or CapturedStep
         self.max_graphs, self.multiple, self.pad_id = int(max_graphs), int(multiple), pad_id
         self.max_len = max_len      # padded lengths never exceed it (the position table)
-        self.graphs = collections.OrderedDict()   # shape -> (graph, inputs)
+        self.graphs = collections.OrderedDict()   # (shape, variant) -> (graph, inputs)
         self.pool = self.workspace = None   # shared by all graphs (made at the first capture)
         self.flat = None            # the FlatParameters the graphs were captured with
         self.captures = 0
@@ -218,8 +218,10 @@ class StepGraphs:
         flat = getattr(self.optimizer, "flat_buffers", None)
         return flat is not None and flat.linked(flat.params)
 
-    def run(self, batch, seed: int | None = None):
+    def run(self, batch, seed: int | None = None, variant=None):
         """Forward and backward of ``batch`` (a ``data.Batch``); returns the loss Tensor.
+        ``variant``: what else the captured step depends on (the trainer passes the model's
+        training mode: dropout on or off); each (shape, variant) has its own graph.
 
         Afterwards every parameter's ``.grad`` is its slot of the flat gradient buffer,
         holding this batch's gradient (not accumulated: see the trainer). The returned
@@ -234,7 +236,8 @@ class StepGraphs:
         if self.max_len is not None:    # a batch that fits the model keeps fitting it
             shape = (shape[0], max(s, min(shape[1], self.max_len)),
                      max(t, min(shape[2], self.max_len)))
-        entry = self.graphs.pop(shape, None)
+        key = (shape, variant)
+        entry = self.graphs.pop(key, None)
         padded = pad_batch(batch, shape, self.pad_id)
         if entry is None:
             inputs = tuple(backend.to_device(a, self.device) for a in padded)
@@ -242,7 +245,7 @@ class StepGraphs:
         else:
             for static, host in zip(entry[1], padded):
                 static[...] = backend.to_device_pinned(host, self.device)
-        self.graphs[shape] = entry                    # most recently used last
+        self.graphs[key] = entry                      # most recently used last
         while len(self.graphs) > self.max_graphs:
             self.graphs.popitem(last=False)
         return entry[0](seed)

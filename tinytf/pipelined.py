@@ -107,7 +107,8 @@ class PipelinedTrainer(Trainer):
         loss_sum, tokens = None, 0
         for k, batch in enumerate(batches):
             try:
-                loss = self.graphs.run(batch, seed=seed * 1_000_003 + k)
+                loss = self.graphs.run(batch, seed=seed * 1_000_003 + k,
+                                       variant=self.model.training)
             except Exception as e:  # noqa: BLE001 - any capture failure: fall back, say why
                 self.log.info(f"--cuda-graph: capturing or replaying the step failed "
                               f"({type(e).__name__}: {e}); training continues without CUDA "

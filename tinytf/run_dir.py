@@ -117,7 +117,7 @@ def resumed_model_config(ckpt, wanted, bpe_sha: str, run_dir: str):
 
 
 RESUME_SENSITIVE = ("seed", "max_tokens", "update_freq", "lr_schedule", "lr", "warmup",
-                    "lr_factor", "precision")
+                    "lr_factor", "precision", "dropout_from_epoch")
 """Options that a resumed run may change, at the price of not matching a straight run."""
 
 
@@ -153,6 +153,7 @@ def resumed_config(cfg, given, assignments=()):
         raise TrainError(f"{ckpt.path}: holds no training options (not a training checkpoint)")
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     options = {k: v for k, v in saved.items() if k in fields}
+    options.setdefault("dropout_from_epoch", 1)  # older runs had their dropout from the start
     if any(k in given for k in SCHEDULE_KEYS):
         options.update({k: getattr(cfg, k) for k in SCHEDULE_KEYS})
     if "save_interval" in given and "valid_interval" not in given:

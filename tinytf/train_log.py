@@ -137,6 +137,10 @@ def log_run_start(log: Logger, cfg, mc, data, step: int, *, parameters: int, ran
               f"{cfg.max_epochs} epochs" if cfg.max_epochs else ""]
     log.info(f"schedule: {schedule.describe()}; stop after "
              f"{' or '.join(x for x in limits if x)}")
+    if cfg.dropout_from_epoch > 1 and mc.dropout > 0:
+        log.info(f"dropout: none in epochs 1-{cfg.dropout_from_epoch - 1}, "
+                 f"{mc.dropout:g} from epoch {cfg.dropout_from_epoch} on (late dropout; "
+                 "--set dropout_from_epoch=1 drops from the start)")
     warning = cfg.schedule_warning()
     if warning:
         log.info(warning)

@@ -158,6 +158,7 @@ class Trainer:
         self.bad_in_a_row = 0
         self.skipped = 0        # updates skipped (non-finite, fp16 overflow)
         self.launched = 0       # updates launched: applied + skipped (+ one in flight)
+        self._dropout = None    # whether the last update trained with dropout
         self.since_best = 0             # validations since the best metric improved (--patience)
         self.schedule = cfg.schedule()
         self._progress = None           # the running loop's clock (train())
@@ -287,7 +288,8 @@ class Trainer:
 
     def forward_backward(self, batches) -> tuple:
         """Forward and backward of one update's ``batches`` (``update_freq`` of them, their
-        gradients summed in ``.grad``), dropout seeded from (seed, rank, update number).
+        gradients summed in ``.grad``), dropout seeded from (seed, rank, update number)
+        and on from epoch ``dropout_from_epoch`` (:meth:`dropout_on`).
         Returns (this rank's summed loss as a device scalar, global target tokens).
 
         The update number counts every launched update, skipped ones too (on a GPU the
@@ -297,7 +299,13 @@ class Trainer:
         self.launched += 1
         seed = _step_seed(self.cfg.seed, self.comm.rank, self.launched)
         backend.manual_seed(seed)
-        self.model.train()
+        dropout = self.dropout_on()
+        if dropout != self._dropout:
+            if self._dropout is not None and self.root and self.model_cfg.dropout > 0:
+                self.log.info(f"epoch {self.batches.epoch}: dropout "
+                              f"{self.model_cfg.dropout:g} from here on")
+            self._dropout = dropout
+        self.model.train(dropout)
         with amp.autocast(self.policy):
             loss_sum, tokens = self.run_batches(batches, seed)
         # The token counts are known on the host: their sum needs no wait for the GPU.
@@ -517,6 +525,12 @@ class Trainer:
         }
         return self.manager.save(self.step, self.model.state_dict(),
                                  self.optimizer.state_dict(), meta, score=score)
+
+    def dropout_on(self) -> bool:
+        """Whether this update's batches train with the model's dropout: those of epoch
+        ``dropout_from_epoch`` and later ("late dropout", docs/training.md). Without
+        dropout, ``model.train(False)`` is evaluation mode, which differs only there."""
+        return self.batches.epoch >= self.cfg.dropout_from_epoch
 
     def epochs_done(self) -> int:
         """Whole passes over the training data so far."""
