@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from tinytf import checkpoint, pipelined, trainer
+from tinytf import checkpoint, evaluate, pipelined, trainer
 from tinytf.train_progress import Progress
 from tinytf.trainer import TrainConfig, TrainError, apply_overrides
 
@@ -263,6 +263,43 @@ def test_a_signal_stops_with_a_checkpoint_first_and_the_run_resumes_exactly(
     assert a.step == b.step == 40
     for name in a.model:
         assert a.model[name].tobytes() == b.model[name].tobytes(), name
+
+
+@pytest.mark.parametrize("when", ["interval", "final"])
+def test_a_failed_validation_costs_no_training(data_dir, tmp_path, monkeypatch, when):
+    """A validation that raises (here sacrebleu's scoring, at a periodic validation or the
+    final one) writes the update's checkpoint before the error propagates: the run resumes
+    from it and ends bitwise where a straight run ends."""
+    def failing_bleu(hypotheses, references):
+        raise MemoryError("out of memory while scoring")
+
+    steps, valid_interval = 6, (4 if when == "interval" else 100)
+    fail_at = 4 if when == "interval" else steps
+    cfg = _config(data_dir, tmp_path / "split", max_steps=steps,
+                  valid_interval=valid_interval, save_interval=100)
+    with monkeypatch.context() as patch:
+        patch.setattr(evaluate, "bleu", failing_bleu)
+        with pytest.raises(MemoryError):
+            _run(cfg)
+    assert checkpoint.load(tmp_path / "split" / checkpoint.LAST).step == fail_at
+    resumed = _run(dataclasses.replace(cfg, resume=True))
+    straight = _run(_config(data_dir, tmp_path / "straight", max_steps=steps,
+                            valid_interval=valid_interval, save_interval=100))
+    assert resumed["steps"] == straight["steps"] == steps
+    a = checkpoint.load(tmp_path / "straight" / checkpoint.LAST)
+    b = checkpoint.load(tmp_path / "split" / checkpoint.LAST)
+    for name in a.model:
+        assert a.model[name].tobytes() == b.model[name].tobytes(), name
+
+
+def test_a_run_without_sacrebleu_stops_before_training(data_dir, tmp_path, monkeypatch):
+    """sacrebleu missing is an error at the start, not after the training."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "sacrebleu" else find_spec(name, *a))
+    with pytest.raises(TrainError, match="sacrebleu is not installed"):
+        _run(_config(data_dir, tmp_path / "nobleu", max_steps=2))
+    assert not os.path.exists(tmp_path / "nobleu")
 
 
 def test_resume_auto_starts_then_continues(data_dir, tmp_path):

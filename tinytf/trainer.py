@@ -36,6 +36,7 @@ taken collectively so that no rank waits for ever in a collective that the other
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import itertools
 import math
 import os
@@ -96,6 +97,9 @@ class Trainer:
         self.root = self.comm.is_root
         self.run_dir = cfg.out
         self.device = cfg.device
+        if importlib.util.find_spec("sacrebleu") is None:   # not after the training
+            raise TrainError("sacrebleu is not installed: the dev and test BLEU need it "
+                             "(pip install sacrebleu, or pip install -e . in the project)")
         paths = data_paths(cfg)     # (a missing file fails before the directory is made)
         self.cfg, self.lock = claim_run_dir(cfg, self.comm)  # --resume settled, locked
         cfg = self.cfg
@@ -449,7 +453,7 @@ class Trainer:
         if self.root:
             metrics = None
             if self.step % self.cfg.valid_interval == 0:
-                metrics = self.validate(self.cfg.valid_bleu_sentences)
+                metrics = self._validate_or_save(self.cfg.valid_bleu_sentences)
                 log_validation(self.log, self.step, metrics)
             self.save(metrics)
             if metrics:
@@ -498,6 +502,19 @@ class Trainer:
                         label_smoothing=self.model_cfg.label_smoothing, device=self.device,
                         precision=self.policy.name, bleu_sentences=bleu_sentences or 0,
                         samples=self.cfg.valid_samples)
+
+    def _validate_or_save(self, bleu_sentences: int, saved: bool = False) -> dict:
+        """:meth:`validate`; should it fail (no sacrebleu, no memory for decoding, a
+        signal), the update's checkpoint is written first, unless ``saved``, so that a
+        failed validation costs no training: ``--resume`` goes on from it."""
+        try:
+            return self.validate(bleu_sentences)
+        except BaseException as error:
+            if not saved:
+                path = self.save()
+                self.log.info(f"validation at step {self.step} failed "
+                              f"({type(error).__name__}: {error}); wrote {path} first")
+            raise
 
     @property
     def metric_key(self) -> str:
@@ -583,7 +600,7 @@ class Trainer:
     def _finish(self, saved_step) -> dict:
         """Final validation (full dev set), checkpoint, test BLEU and the plot (rank 0)."""
         out = {}
-        metrics = self.validate(0)
+        metrics = self._validate_or_save(0, saved=saved_step == self.step)
         log_validation(self.log, self.step, metrics)
         for key in ("dev_loss", "dev_nll", "dev_ppl", "dev_bleu"):
             out[key] = round(metrics[key], 4)
