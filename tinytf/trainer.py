@@ -504,16 +504,17 @@ class Trainer:
                         samples=self.cfg.valid_samples)
 
     def _validate_or_save(self, bleu_sentences: int, saved: bool = False) -> dict:
-        """:meth:`validate`; should it fail (no sacrebleu, no memory for decoding, a
-        signal), the update's checkpoint is written first, unless ``saved``, so that a
-        failed validation costs no training: ``--resume`` goes on from it."""
+        """:meth:`validate`; should it raise (a broken sacrebleu, no memory for decoding,
+        Ctrl-C under a debugger), the update's checkpoint is written before the error
+        propagates, unless ``saved``: a failed validation costs no training, and
+        ``--resume`` goes on from it."""
         try:
             return self.validate(bleu_sentences)
         except BaseException as error:
             if not saved:
                 path = self.save()
                 self.log.info(f"validation at step {self.step} failed "
-                              f"({type(error).__name__}: {error}); wrote {path} first")
+                              f"({type(error).__name__}: {error}); wrote {path} before stopping")
             raise
 
     @property
