@@ -17,8 +17,8 @@ if "numpy" not in _sys.modules:
     # is set only if NumPy is not loaded yet, and never over the user's own setting.
     _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")
 
-from . import backend, ops  # noqa: I001,E402 - ops first: importing it fills the op table
-from . import fast, functional, nn, optim  # noqa: E402
+from . import backend, ops  # noqa: F401,E402 - ops first: importing it fills the op table
+from . import fast, functional, nn, optim  # noqa: F401,E402
 from .backend import manual_seed  # noqa: E402
 from .functional import cat, split, stack, where  # noqa: E402
 from .tensor import Function, Tensor, is_grad_enabled, no_grad, tensor  # noqa: E402

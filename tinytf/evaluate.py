@@ -119,7 +119,7 @@ def test_scores(model, bpe, lines, log, device="cpu", precision="float32", beam=
         options = SearchOptions(beam_size=beam)
         translator = Translator(model, bpe, device, precision)
         hyps = [nbest[0][0] for nbest in translator.translate_lines(src, options,
-                                                                     workers=workers)]
+                                                                    workers=workers)]
         out["test_bleu_beam"] = round(bleu(hyps, ref), 2)
         log.info(f"test BLEU {out['test_bleu_beam']:.2f} (beam {options.beam_size}, "
                  f"alpha {options.alpha}, {len(hyps)} sentences, "

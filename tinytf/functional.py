@@ -98,7 +98,7 @@ def cross_entropy(logits: Tensor, target, label_smoothing: float = 0.0,
     batch should not poison a sum of losses).
     """
     return impl.CrossEntropy.apply(logits, _int_tensor(target), label_smoothing=label_smoothing,
-                                  ignore_index=ignore_index, reduction=reduction)
+                                   ignore_index=ignore_index, reduction=reduction)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask=None, dropout: float = 0.0,

@@ -124,7 +124,7 @@ class _NBest:
             pos -= 1
         if pos < self.n:
             self.items.insert(pos, hyp)
-            del self.items[self.n :]
+            del self.items[self.n:]
 
     def threshold(self) -> float:
         """Score a new hypothesis must beat to enter the list (-inf while it is not full)."""
@@ -261,7 +261,7 @@ def greedy_search(
         if len(forced):
             rows = xp.asarray(forced)
             log_probs[rows, :eos_id] = NEG_INF
-            log_probs[rows, eos_id + 1 :] = NEG_INF
+            log_probs[rows, eos_id + 1:] = NEG_INF
         best_dev = log_probs.argmax(axis=1)
         best = to_numpy(best_dev)
         total[active] += to_numpy(xp.take_along_axis(log_probs, best_dev[:, None], axis=1))[:, 0]

@@ -74,7 +74,7 @@ class TrainConfig:
     patience: int = 0                 # stop after N validations without a better best_metric
     best_metric: str = "loss"         # checkpoint_best.npz and patience: dev "loss" or "bleu"
     init_from: str | None = None      # a new run starts from this run's / checkpoint's weights
-    workers: int | None = None        # processes that learn the BPE / encode the corpus (None: CPUs)
+    workers: int | None = None        # processes that learn the BPE / encode the text (None: CPUs)
 
     PRESET_DEFAULTS = {
         # Measured on 2 CPU cores and the shipped corpus (docs/training.md, "The tiny
@@ -295,5 +295,3 @@ def model_config_for(cfg: TrainConfig, vocab_size: int) -> TransformerConfig:
         raise TrainError(f"model max_len={model_cfg.max_len} is shorter than "
                          f"train_max_len={cfg.train_max_len}")
     return model_cfg
-
-

@@ -57,8 +57,6 @@ class Logger:
         return out
 
 
-
-
 def log_window(log: Logger, step: int, epoch: int, window: dict, elapsed: float, eta: float,
                lr: float, loss_scale: float | None = None) -> None:
     """The periodic line (and record): step, epoch, the window's loss per token and

@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr-factor", type=float, metavar="F",
                    help="factor of the paper's schedule (noam)")
     p.add_argument("--vocab-size", type=int, metavar="V",
-                   help="joint BPE vocabulary, learnt when RUNDIR has none (default: tiny 4000, others 8000)")
+                   help="joint BPE vocabulary, learnt when RUNDIR has none "
+                        "(default: tiny 4000, others 8000)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="processes that learn the BPE and encode the training text into "
                         "RUNDIR/corpus when it is missing or stale (default: the CPUs this "

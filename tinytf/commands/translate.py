@@ -35,8 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, metavar="RUNDIR|CHECKPOINT",
                    help="a run directory (its checkpoint_last.npz or newest checkpoint) or a "
                         "checkpoint file; the BPE model is found beside it")
-    p.add_argument("--input", default="-", metavar="FILE|-", help="raw text, one sentence a line (default: stdin)")
-    p.add_argument("--output", default="-", metavar="FILE|-", help="where translations go (default: stdout)")
+    p.add_argument("--input", default="-", metavar="FILE|-",
+                   help="raw text, one sentence a line (default: stdin)")
+    p.add_argument("--output", default="-", metavar="FILE|-",
+                   help="where translations go (default: stdout)")
     p.add_argument("--beam", type=int, default=4, help="beam size; 1 is greedy (default: 4)")
     p.add_argument("--alpha", type=float, default=0.6,
                    help="GNMT length penalty exponent: score = log P / ((5 + |Y|) / 6) ** alpha "
@@ -192,7 +194,8 @@ def _print_scores(args, best, references, done) -> None:
 
 
 def _prog() -> str:
-    """The program's name for messages: ``translate.py`` or ``tinytf-translate``, as it was called."""
+    """The program's name for messages: ``translate.py`` or ``tinytf-translate``, as it was
+    called."""
     return os.path.basename(sys.argv[0]) or "translate.py"
 
 

@@ -229,5 +229,3 @@ def learn_bpe(inputs, vocab_size, min_frequency, first_id, workers=1):
     merges = learn_merges_array(words[:2], words[2], pieces, piece_ids, vocab_size,
                                 min_frequency)
     return alphabet, [(pieces[a], pieces[b]) for a, b in merges]
-
-
