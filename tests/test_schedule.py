@@ -130,3 +130,30 @@ def test_resolving_twice_changes_nothing():
                 TrainConfig(config="big", lr=3e-4)):
         once = cfg.resolved()
         assert once.resolved() == once
+
+
+def test_a_warm_up_far_shorter_than_the_tuned_one_warns_with_the_budget_known():
+    """The linear schedule's warm-up ending before 15 % of the budget's updates warns; the
+    preset's own warm-up (its cap, 30 %), a long enough one, no known budget, or another
+    schedule do not."""
+    tiny = TrainConfig().resolved()
+    assert tiny.warmup_warning(1000) is None          # 4000, capped at 300 of 1000
+    short = TrainConfig(warmup=100).resolved()
+    warning = short.warmup_warning(1900)
+    assert "ends after 100 of the budget's about 1900 updates (5%)" in warning
+    assert "2.00e-03 was tuned with the warm-up at 30% of the budget" in warning
+    assert short.warmup_warning(600) is None           # 100 of 600: 17 %
+    assert short.warmup_warning(None) is None
+    assert TrainConfig(config="base", warmup=100).resolved().warmup_warning(1900) is None
+
+
+def test_expected_updates_is_the_step_or_the_time_budget_whichever_ends_first():
+    import time
+
+    from tinytf.train_progress import Progress
+    assert Progress(start_step=0, budget=math.inf).expected_updates(20) is None
+    assert Progress(start_step=0, budget=math.inf, max_steps=900).expected_updates(20) == 900
+    timed = Progress(start_step=0, budget=60.0, t_start=time.perf_counter() - 10.0)
+    assert timed.expected_updates(20) == pytest.approx(120, abs=2)   # 0.5 s an update
+    timed.max_steps = 50
+    assert timed.expected_updates(20) == 50

@@ -11,7 +11,7 @@ import dataclasses
 import os
 
 from . import amp
-from .schedule import SCHEDULES, Schedule
+from .schedule import LINEAR_WARMUP_CAP, SCHEDULES, Schedule
 from .transformer import TransformerConfig
 
 BPE_FILE = "bpe.json"
@@ -173,6 +173,26 @@ class TrainConfig:
                "sets a peak directly)" if self.lr_schedule == "noam" else "")
         return (f"warning: peak learning rate {peak:.2e} is {peak / tuned:.2g}x the "
                 f"{tuned:.2e} that the {self.config} preset was tuned for{how}")
+
+    SHORT_WARMUP = 0.15   # linear: a warm-up ending before this share of the budget is short
+
+    def warmup_warning(self, expected_updates: int | None) -> str | None:
+        """A warning when the ``linear`` schedule's warm-up ends before `SHORT_WARMUP` of
+        the budget's `expected_updates` (None: no budget known): the presets' peaks were
+        tuned with the warm-up at its cap, 30 % of the budget, and at a 10-minute budget a
+        warm-up of 5-10 % of it cost a fifth to a quarter of the BLEU (docs/benchmarks.md,
+        "Robustness of the tiny recipe")."""
+        if self.lr_schedule != "linear" or not expected_updates:
+            return None
+        warm_end = min(self.warmup, LINEAR_WARMUP_CAP * expected_updates)
+        if warm_end >= self.SHORT_WARMUP * expected_updates:
+            return None
+        return (f"warning: the warm-up ends after {self.warmup} of the budget's about "
+                f"{expected_updates} updates ({self.warmup / expected_updates:.0%}); the peak "
+                f"{self.lr:.2e} was tuned with the warm-up at {LINEAR_WARMUP_CAP:.0%} of the "
+                f"budget, and a warm-up this short learns less (docs/benchmarks.md, "
+                f"\"Robustness of the tiny recipe\"): a longer --warmup, or a lower --lr with "
+                f"it, learns more")
 
     def check(self) -> None:
         """Raise TrainError for values that cannot work."""

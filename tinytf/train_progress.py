@@ -78,6 +78,19 @@ class Progress:
             remaining.append((self.max_steps - step) * per_step)
         return max(min(remaining), 0.0)
 
+    def expected_updates(self, step: int) -> int | None:
+        """The updates the run's budget holds: ``max_steps``, or what the time budget holds
+        at the pace so far, whichever is fewer (None without a budget or before an update)."""
+        done = step - self.start_step
+        expected = []
+        if self.max_steps:
+            expected.append(self.max_steps)
+        if math.isfinite(self.budget) and done > 0:
+            elapsed = self.elapsed()
+            per_step = (elapsed - self.valid_seconds) / done
+            expected.append(step + round(max(self.budget - elapsed, 0.0) / per_step))
+        return min(expected) if expected else None
+
     def pace_warning(self, step: int) -> str | None:
         """Once, after 20 updates: a warning when the time budget, at this pace, ends with
         fewer than `FEW_UPDATES` updates, else None. At a fixed budget a larger batch means
@@ -87,15 +100,10 @@ class Progress:
         if self.pace_checked or done < 20 or not math.isfinite(self.budget):
             return None
         self.pace_checked = True
-        elapsed = self.elapsed()
-        per_step = (elapsed - self.valid_seconds) / done
-        expected = step + round(max(self.budget - elapsed, 0.0) / per_step)
-        if self.max_steps:
-            expected = min(expected, self.max_steps)
-            if expected == self.max_steps:
-                return None     # the user's own step budget ends first
-        if expected >= FEW_UPDATES:
-            return None
+        per_step = (self.elapsed() - self.valid_seconds) / done
+        expected = self.expected_updates(step)
+        if expected == self.max_steps or expected >= FEW_UPDATES:
+            return None         # enough updates, or the user's own step budget ends first
         return (f"warning: at {per_step:.2f} s per update the {self.budget / 60:g}-minute "
                 f"budget ends after about {expected} updates; with so few, a smaller "
                 f"--max-tokens (more, smaller updates) or a longer --max-minutes learns more")

@@ -166,6 +166,7 @@ class Trainer:
         self.since_best = 0             # validations since the best metric improved (--patience)
         self.schedule = cfg.schedule()
         self._progress = None           # the running loop's clock (train())
+        self._warmup_checked = False    # whether the warm-up's length was checked yet
         self._progress_at_start = 0.0   # budget fraction spent before this invocation
         if resume is not None:
             self._restore(resume)
@@ -493,6 +494,11 @@ class Trainer:
             warning = progress.pace_warning(self.step)
             if warning:
                 self.log.info(warning)
+            if not self._warmup_checked and self.step - progress.start_step >= 20:
+                self._warmup_checked = True     # once, when the pace sizes a time budget
+                warning = self.cfg.warmup_warning(progress.expected_updates(self.step))
+                if warning and self.step < self.cfg.warmup:     # not once it is over
+                    self.log.info(warning)
 
     def validate(self, bleu_sentences: int | None = None) -> dict:
         """Dev loss and greedy dev BLEU (on the first ``bleu_sentences`` pairs; all if 0),
