@@ -180,7 +180,7 @@ class TrainConfig:
         """A warning when the ``linear`` schedule's warm-up ends before `SHORT_WARMUP` of
         the budget's `expected_updates` (None: no budget known): the presets' peaks were
         tuned with the warm-up at its cap, 30 % of the budget, and at a 10-minute budget a
-        warm-up of 5-10 % of it cost a fifth to a quarter of the BLEU (docs/benchmarks.md,
+        warm-up of 5-10.5 % of it cost 17-28 % of the BLEU (docs/benchmarks.md,
         "Robustness of the tiny recipe")."""
         if self.lr_schedule != "linear" or not expected_updates:
             return None
