@@ -133,11 +133,12 @@ def test_resolving_twice_changes_nothing():
 
 
 def test_a_warm_up_far_shorter_than_the_tuned_one_warns_with_the_budget_known():
-    """The linear schedule's warm-up ending before 15 % of the budget's updates warns; the
-    preset's own warm-up (its cap, 30 %), a long enough one, no known budget, or another
-    schedule do not."""
+    """The linear schedule's warm-up, set shorter than the preset's, ending before 15 % of
+    the budget's updates warns; the preset's own warm-up (at its cap, 30 %, or 4,000 in a
+    long run), a long enough one, no known budget, or another schedule do not."""
     tiny = TrainConfig().resolved()
     assert tiny.warmup_warning(1000) is None          # 4000, capped at 300 of 1000
+    assert tiny.warmup_warning(100_000) is None       # the preset's 4000 in a long run
     short = TrainConfig(warmup=100).resolved()
     warning = short.warmup_warning(1900)
     assert "ends after 100 of the budget's about 1900 updates (5%)" in warning
