@@ -533,7 +533,7 @@ def test_time_budget_progress_continues_from_a_resumed_fraction(data_dir, tmp_pa
 
 
 def test_warns_when_the_time_budget_allows_few_updates():
-    """After 20 updates, a --max-minutes budget that at this pace ends before 500 updates
+    """After 20 updates, a --max-minutes budget that at this pace ends before 800 updates
     gets one warning; a budget of thousands, or the user's own shorter --max-steps, none."""
     progress = Progress(start_step=0, budget=60.0,
                         t_start=time.perf_counter() - 10.0)  # 0.5 s an update
