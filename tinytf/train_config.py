@@ -186,9 +186,8 @@ class TrainConfig:
         if (self.lr_schedule != "linear" or not expected_updates
                 or self.warmup >= self.preset_defaults()["warmup"]):
             return None
-        warm_end = min(self.warmup, LINEAR_WARMUP_CAP * expected_updates)
-        if warm_end >= self.SHORT_WARMUP * expected_updates:
-            return None
+        if self.warmup >= self.SHORT_WARMUP * expected_updates:
+            return None     # (a warm-up at its cap, 30 % of the budget, is never short)
         return (f"warning: the warm-up ends after {self.warmup} of the budget's about "
                 f"{expected_updates} updates ({self.warmup / expected_updates:.0%}); the peak "
                 f"{self.lr:.2e} was tuned with the warm-up at {LINEAR_WARMUP_CAP:.0%} of the "

@@ -161,22 +161,15 @@ class Encoder:
     def encode_chunks(self, chunks):
         """Put `encode_chunk` of each chunk (a collection without repeats) into the chunk
         cache, the words of all of them encoded together by `encode_words`."""
-        single, multiple = [], []  # chunks of one word (" " + chunk); (chunk, its words)
-        findall = PRETOKEN.findall
-        for chunk in chunks:       # `chunk_words`, inline: this loop sees every new chunk
-            if chunk.isalpha():
-                single.append(chunk)
-                continue
-            words = findall(" " + chunk)
-            if len(words) == 1:
-                single.append(chunk)
-            else:
-                multiple.append((chunk, words))
+        single, multiple = [], []  # (chunk, its words): one word, several
+        for chunk in chunks:
+            words = chunk_words(chunk)
+            (single if len(words) == 1 else multiple).append((chunk, words))
         new = list(dict.fromkeys(w for _, words in multiple for w in words
                                  if w not in self.words))
-        encoded = self.encode_words([" " + c for c in single] + new)
+        encoded = self.encode_words([words[0] for _, words in single] + new)
         self.words.put(zip(new, encoded[len(single):]))
-        self.chunks.put(zip(single, encoded))
+        self.chunks.put(zip([c for c, _ in single], encoded))
         get = self.words.__getitem__
         self.chunks.put([(c, tuple(chain.from_iterable(map(get, words))))
                          for c, words in multiple])
