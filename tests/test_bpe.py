@@ -18,7 +18,8 @@ from hypothesis import given, strategies as st
 from tinytf.bpe import BOS_ID, BPE, EOS_ID, PAD_ID, UNK_ID, BPEFileError
 from tinytf.text.bpe import FIRST_SYMBOL_ID
 from tinytf.text.learn import TextError, count_words, line_ranges
-from tinytf.text.pretokenize import can_be_piece, initial_units, pretokenize, show
+from tinytf.text.pretokenize import (EDGE_MARKS, PRETOKEN, can_be_piece, initial_units,
+                                     one_word, pretokenize, show)
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 DATA = os.path.join(ROOT, "data", "ende")
@@ -167,6 +168,30 @@ def test_regex_whitespace_is_str_whitespace():
     for c in regex.findall(r"\s", every_char):
         if c != " ":
             assert not c.isprintable() and c.isspace(), hex(ord(c))
+
+
+def test_one_word_trusts_str_classes_that_are_the_regex_classes():
+    """`one_word` trusts str.isalpha()/isdecimal() and `EDGE_MARKS`: every character they
+    accept is in the regex's letters, digits and word-edge class respectively."""
+    every_char = "".join(map(chr, range(0x110000)))
+    assert regex.fullmatch(r"\p{L}*", "".join(filter(str.isalpha, every_char)))
+    assert regex.fullmatch(r"\p{N}*", "".join(filter(str.isdecimal, every_char)))
+    assert regex.fullmatch(r"[^\s\p{L}\p{M}\p{N}]*", EDGE_MARKS)
+
+
+@given(st.text(st.sampled_from(EDGE_MARKS[::3] + "’“¿aZéé́ß19٣²-_x"),
+               min_size=1))
+def test_one_word_is_one_pretoken(chunk):
+    if one_word(chunk):
+        assert PRETOKEN.findall(" " + chunk) == [" " + chunk]
+
+
+def test_one_word_on_the_shipped_corpus(sample):
+    """Most chunks with punctuation are recognised, and every one recognised is one word."""
+    chunks = {c for line in sample for c in line.split(" ") if c and not c.isalpha()}
+    recognised = [c for c in chunks if one_word(c)]
+    assert len(recognised) > 0.8 * len(chunks)
+    assert all(PRETOKEN.findall(" " + c) == [" " + c] for c in recognised)
 
 
 def test_decode_skips_special_ids(bpe):

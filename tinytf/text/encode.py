@@ -20,7 +20,7 @@ from operator import not_
 import numpy as np
 
 from tinytf.text.encode_array import NO_MERGE, PairRanks, Speller, merge_words
-from tinytf.text.pretokenize import PRETOKEN, initial_units, single_spaced
+from tinytf.text.pretokenize import PRETOKEN, initial_units, one_word, single_spaced
 
 
 MISSING = (-1,)  # what a deferring cache returns for a key it lacks; no id is -1
@@ -111,9 +111,9 @@ def word_encoder(initial_ids, ranks, merged):
 
 
 def chunk_words(chunk):
-    """The pre-tokens of ``" " + chunk``, where `chunk` holds no whitespace: letters only
-    are one word, without the regex."""
-    return [" " + chunk] if chunk.isalpha() else PRETOKEN.findall(" " + chunk)
+    """The pre-tokens of ``" " + chunk``, where `chunk` holds no whitespace; a chunk that
+    `one_word` recognises is one, without the regex."""
+    return [" " + chunk] if one_word(chunk) else PRETOKEN.findall(" " + chunk)
 
 
 class Encoder:

@@ -9,12 +9,15 @@ those modules for the algorithm and its tie-breaking).
 """
 import os
 from collections import Counter
+from itertools import compress
+from operator import not_
 
 import numpy as np
 
 from tinytf.text.learn_array import learn_merges_array
 from tinytf.text.merges import MAX_SYMBOLS, learn_merges  # noqa: F401 (re-exported)
-from tinytf.text.pretokenize import LINE_START, PRETOKEN, can_be_piece, show, single_spaced
+from tinytf.text.pretokenize import (LINE_START, PRETOKEN, can_be_piece, one_word, show,
+                                     single_spaced)
 from tinytf.workers import ordered_map
 
 
@@ -28,18 +31,19 @@ def count_words_in_text(text, counter):
     Each non-empty line gets the dummy-prefix space, as `pretokenize` gives a single line.
     Fast path, as in encoding (`tinytf.text.encode`): when the lines hold no whitespace but
     single spaces between non-spaces, count the space-separated chunks in C and cut only each
-    distinct chunk with the regex.
+    distinct chunk that `one_word` does not recognise with the regex.
     """
     if text.endswith("\n"):
         text = text[:-1]
     flat = text.replace("\n", " ")
     if single_spaced(flat):
-        for chunk, count in Counter(flat.split(" ")).items():
-            if chunk.isalpha():
-                counter[" " + chunk] += count
-            else:
-                for word in PRETOKEN.findall(" " + chunk):
-                    counter[word] += count
+        chunks = Counter(flat.split(" "))
+        alone = list(map(one_word, chunks))  # each distinct chunk that is one word: one key
+        counter.update(dict(zip(map(" ".__add__, compress(chunks, alone)),
+                                compress(chunks.values(), alone))))
+        for chunk, count in compress(chunks.items(), map(not_, alone)):
+            for word in PRETOKEN.findall(" " + chunk):
+                counter[word] += count
     else:
         counter.update(PRETOKEN.findall(LINE_START.sub(" ", text)))
 

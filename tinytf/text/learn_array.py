@@ -100,19 +100,18 @@ class WordArray:
         self.start[pos] = True
         self.end[right] = True
         # The left pair (x, a) changes unless x is the b of an occurrence merged now (then
-        # the occurrence before changed the pair between them as its right pair).
-        has_left = x >= 0
-        has_left[has_left] = ~self.end[x[has_left]]
-        has_y = y >= 0
-        followed = np.zeros(len(pos), dtype=bool)
-        followed[has_y] = self.start[y[has_y]]
-        xl, at, yr = x[has_left], pos[has_y], y[has_y]
-        np.subtract.at(count, pair[xl], f[has_left])        # (x, a) and (b, y) are gone
-        np.subtract.at(count, pair[right[has_y]], f[has_y])
+        # the occurrence before changed the pair between them as its right pair). Where
+        # x is -1, end[-1] is read and masked off.
+        with_left = np.flatnonzero((x >= 0) & ~self.end[x])
+        with_right = np.flatnonzero(y >= 0)
+        xl, at, yr = x[with_left], pos[with_right], y[with_right]
+        made_f = np.concatenate((f[with_left], f[with_right]))
+        # (x, a) and (b, y) are gone; (x, new) and (new, y) are made ((new, new) where y is
+        # the a of an occurrence merged now).
+        np.subtract.at(count, np.concatenate((pair[xl], pair[right[with_right]])), made_f)
         made = np.concatenate(((sym[xl] << SHIFT) | new,
-                               (new << SHIFT) | np.where(followed[has_y], new, sym[yr])))
+                               (new << SHIFT) | np.where(self.start[yr], new, sym[yr])))
         made_at = np.concatenate((xl, at))
-        made_f = np.concatenate((f[has_left], f[has_y]))
         self.start[pos] = False
         self.end[right] = False
         # Relink: x a b y -> x new y.
@@ -139,9 +138,12 @@ class WordArray:
         made_at = {}   # position -> key of the pair made there (the last one counts)
 
         def make(key, at, f):
-            entry = made.setdefault(key, [0, []])
-            entry[0] += f
-            entry[1].append(at)
+            entry = made.get(key)
+            if entry is None:
+                made[key] = [f, [at]]
+            else:
+                entry[0] += f
+                entry[1].append(at)
             made_at[at] = key
 
         for p in sorted(compress(listed, map(n.__eq__, map(pair.__getitem__, listed)))):
@@ -179,6 +181,10 @@ class WordArray:
         self.pairs = first + len(keys)
         return pairs
 
+    def count_of(self, n):
+        """Pair `n`'s count now, as a Python int."""
+        return self.pair_views[5][n]
+
     def _reserve(self, size):
         """Room for `size` pairs in the per-pair arrays (doubling)."""
         if size > len(self.count):
@@ -206,23 +212,28 @@ class WordArray:
         positions within a slice does not matter (`occurrences` and `merge_few` sort them
         where it would), so the sort need not be stable: NumPy's default (SIMD) argsort is
         ~5x faster than its stable one on 20k-200k keys."""
+        if not len(keys):
+            return keys
         order = np.argsort(keys)
         keys, at, f = keys[order], at[order], f[order]
-        run_start = np.ones(len(keys), dtype=bool)
-        run_start[1:] = keys[1:] != keys[:-1]
+        run_start = np.empty(len(keys), dtype=bool)
+        run_start[0] = True
+        np.not_equal(keys[1:], keys[:-1], out=run_start[1:])
         starts = np.flatnonzero(run_start)
         first, end = self.pairs, self.pairs + len(starts)
         self._reserve(end)
         self.pairs = end
-        self.pair[at] = first - 1 + np.cumsum(run_start)
+        number = np.cumsum(run_start)
+        number += first - 1
+        self.pair[at] = number
         self.lo[first:end] = starts
-        self.hi[first:end] = np.append(starts[1:], len(keys))
+        self.hi[first:end - 1] = starts[1:]
+        self.hi[end - 1] = len(keys)
         self.batch[first:end] = len(self.listed)
         self.listed.append(at)
         distinct = keys[starts]
         self.left[first:end], self.right[first:end] = distinct >> SHIFT, distinct & MASK
-        if len(starts):
-            self.count[first:end] = np.add.reduceat(f, starts)
+        self.count[first:end] = np.add.reduceat(f, starts)
         return np.arange(first, end)
 
 
@@ -248,13 +259,14 @@ def learn_merges_array(words, freqs, pieces, piece_ids, vocab_size, min_frequenc
     heapq.heapify(heap)
     merges = []
     while len(pieces) < vocab_size:
-        best = best_pair(heap, lambda k: int(array.count[k]), piece_ids, min_frequency)
+        best = best_pair(heap, array.count_of, piece_ids, min_frequency)
         if best is None:
             break
         left, right, n = best
         new = add_piece(pieces, piece_ids, left, right)
-        merges.append((int(array.left[n]), int(array.right[n])))
-        if array.hi[n] - array.lo[n] <= few:
+        lo, hi, left_of, right_of = array.pair_views[:4]
+        merges.append((left_of[n], right_of[n]))
+        if hi[n] - lo[n] <= few:
             made = [(-c, pieces[a], pieces[b], m) for m, c, a, b in array.merge_few(n, new)
                     if c >= min_frequency]
         else:
