@@ -19,7 +19,7 @@ from tinytf.bpe import BOS_ID, BPE, EOS_ID, PAD_ID, UNK_ID, BPEFileError
 from tinytf.text.bpe import FIRST_SYMBOL_ID
 from tinytf.text.learn import TextError, count_words, line_ranges
 from tinytf.text.pretokenize import (EDGE_MARKS, PRETOKEN, can_be_piece, initial_units,
-                                     one_word, pretokenize, show)
+                                     one_word, pretokenize, show, single_spaced)
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 DATA = os.path.join(ROOT, "data", "ende")
@@ -146,6 +146,13 @@ def test_fast_path_matches_pretokens(bpe, text):
     """encode's space-chunk fast path gives exactly the ids of the pre-token path."""
     expected = list(chain.from_iterable(bpe.encode_word(w) for w in pretokenize(text)))
     assert bpe.encode(text) == expected
+
+
+@given(st.lists(st.one_of(tricky_text(), st.sampled_from(["a b", "a", "", " ", "a "])),
+                min_size=1))
+def test_a_block_is_single_spaced_iff_every_line_is(lines):
+    """`encode_batch` tests a block's lines for the fast path at once, joined by spaces."""
+    assert single_spaced(" ".join(lines)) == all(map(single_spaced, lines))
 
 
 @pytest.mark.parametrize("text", TRICKY + ["", " ", "a", " a ", "\ud800", "x\udfffy",

@@ -161,15 +161,14 @@ class Encoder:
     def encode_chunks(self, chunks):
         """Put `encode_chunk` of each chunk (a collection without repeats) into the chunk
         cache, the words of all of them encoded together by `encode_words`."""
-        single, multiple = [], []  # (chunk, its words): one word, several
-        for chunk in chunks:
-            words = chunk_words(chunk)
-            (single if len(words) == 1 else multiple).append((chunk, words))
+        alone = list(map(one_word, chunks))
+        single = list(compress(chunks, alone))  # chunks of one word, the others cut by regex
+        multiple = [(c, PRETOKEN.findall(" " + c)) for c in compress(chunks, map(not_, alone))]
         new = list(dict.fromkeys(w for _, words in multiple for w in words
                                  if w not in self.words))
-        encoded = self.encode_words([words[0] for _, words in single] + new)
+        encoded = self.encode_words(list(map(" ".__add__, single)) + new)
         self.words.put(zip(new, encoded[len(single):]))
-        self.chunks.put(zip([c for c, _ in single], encoded))
+        self.chunks.put(zip(single, encoded))
         get = self.words.__getitem__
         self.chunks.put([(c, tuple(chain.from_iterable(map(get, words))))
                          for c, words in multiple])
@@ -204,7 +203,9 @@ class Encoder:
             out, cold = [], len(self.chunks) < self.BLOCK
             for start in range(0, len(lines), self.BLOCK):
                 block = lines[start:start + self.BLOCK]
-                fast = list(map(single_spaced, block))   # `encode`'s fast path
+                # `encode`'s fast path; every line is on it iff the lines joined by spaces are
+                fast = [True] * len(block) if single_spaced(" ".join(block)) else \
+                    list(map(single_spaced, block))
                 # Only single spaces in those lines: their split() is their chunks.
                 chunks = list(map(str.split, block))
                 if cold:

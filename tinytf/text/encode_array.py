@@ -117,15 +117,21 @@ class Speller:
         chars = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
         start = np.cumsum(chars) - chars
         ids = self._lookup(self.alone, points)
-        glue = start[(points[start] == 0x20) & (chars > 1)]  # " x": one symbol, x's glued id
+        glued = np.flatnonzero((points[start] == 0x20) & (chars > 1))  # " x": one symbol,
+        glue = start[glued]                                            # x's glued id
         ids[glue + 1] = self._lookup(self.glued, points[glue + 1])
         keep = np.ones(len(ids), dtype=bool)
         keep[glue] = False
+        lengths = chars.copy()
+        lengths[glued] -= 1
+        unknown = ids < 0
+        unknown[glue] = False
+        if not unknown.any():  # the common case: every word spelled
+            return ids[keep], lengths, np.ones(len(words), dtype=bool)
         word = np.repeat(np.arange(len(words)), chars)
-        spelled = np.bincount(word, weights=ids < 0, minlength=len(words)) == 0
+        spelled = np.bincount(word[unknown], minlength=len(words)) == 0
         keep &= spelled[word]
-        lengths = np.bincount(word[keep], minlength=len(words))[spelled]
-        return ids[keep], lengths, spelled
+        return ids[keep], lengths[spelled], spelled
 
 
 def select(mask, *arrays):

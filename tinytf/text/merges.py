@@ -33,12 +33,15 @@ def best_pair(heap, count_of, piece_ids, min_frequency):
     stale entry goes back with it, and a pair whose merged string already is a piece is
     dropped (never merged)."""
     while heap:
-        neg_count, left, right, key = heapq.heappop(heap)
+        neg_count, left, right, key = heap[0]
         count = count_of(key)
         if count != -neg_count:  # stale entry: put it back with its true count
             if count >= min_frequency:
-                heapq.heappush(heap, (-count, left, right, key))
+                heapq.heapreplace(heap, (-count, left, right, key))  # pop and push in one
+            else:
+                heapq.heappop(heap)
             continue
+        heapq.heappop(heap)
         if left + right not in piece_ids:
             return left, right, key
     return None
