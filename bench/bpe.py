@@ -103,7 +103,7 @@ def worker(task, args):
             max_sentence_length=1 << 16, minloglevel=2))
         return dict(cpu=cpu, wall=wall, peak=_peak_mb(), base=base)
     if task == "encode-sentencepiece":
-        import sentencepiece as spm
+        import sentencepiece as spm  # noqa: F811 (each task imports what it runs)
         sp = spm.SentencePieceProcessor(model_file=args["model"] + ".model")
         lines = _read_lines(args["input"])
         base = _peak_mb()

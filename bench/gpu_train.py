@@ -228,7 +228,8 @@ def op_profile(dev: Device, cfg, mode: str, batch, path: str) -> dict:
                 f"{result['host']['total_s']:.4f} s unsynced\n")
         ops = result["synced"]["ops"]
         for key in sorted(ops, key=ops.get, reverse=True):
-            f.write(f"{key:40s} {ops[key] * 1e3:9.2f} ms {result['host']['ops'].get(key, 0) * 1e3:9.2f} ms\n")
+            host = result['host']['ops'].get(key, 0)
+            f.write(f"{key:40s} {ops[key] * 1e3:9.2f} ms {host * 1e3:9.2f} ms\n")
     return result
 
 
@@ -289,7 +290,8 @@ def tinytf_graph_train(dev: Device, cfg, mode: str, batch, steps: int, warmup: i
     step()
     out["host_s"] = time.perf_counter() - t0
     dev.sync()
-    out["pool_gib"] = (graph.pool.total_bytes() + dev.xp.get_default_memory_pool().total_bytes()) / 2 ** 30
+    pools = graph.pool.total_bytes() + dev.xp.get_default_memory_pool().total_bytes()
+    out["pool_gib"] = pools / 2 ** 30
     return out
 
 
@@ -412,7 +414,7 @@ def torch_greedy(dev: Device, cfg, n_sent: int, src_len: int, max_new: int) -> d
     torch.manual_seed(0)
     model = TorchTransformer(cfg).to(dev.torch).eval()
     src = torch.as_tensor(np.random.default_rng(1).integers(4, cfg.vocab_size,
-                                                              (n_sent, src_len))).to(dev.torch)
+                                                            (n_sent, src_len))).to(dev.torch)
 
     @torch.no_grad()
     def run():
@@ -504,7 +506,7 @@ def main(argv=None) -> int:
         peak = args.peak or PEAK_TFLOPS[mode]
         row = {}
         for name, fn in (("tinytf", lambda: tinytf_train(dev, cfg, mode, batch, args.steps,
-                                                          args.warmup, args.profile_dir)),
+                                                         args.warmup, args.profile_dir)),
                          ("torch", lambda: torch_train(dev, cfg, mode, batch_np, args.steps,
                                                        args.warmup))):
             if name == "torch" and not use_torch:

@@ -9,7 +9,8 @@ trajectories separate. Prints the mean loss of each framework over windows of up
 largest relative gap.
 
     python bench/train_parity.py --steps 300
-    python bench/train_parity.py --steps 300 --args "--max-tokens 4096 --lr-schedule noam --lr-factor 1 --warmup 1000"
+    python bench/train_parity.py --steps 300 \
+        --args "--max-tokens 4096 --lr-schedule noam --lr-factor 1 --warmup 1000"
 """
 from __future__ import annotations
 

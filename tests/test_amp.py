@@ -34,7 +34,7 @@ def test_bf16_rounding_hand_cases():
     }
     x = np.array(list(cases), dtype=np.float32)
     np.testing.assert_array_equal(amp.round_to_bf16(x), np.array(list(cases.values()),
-                                                                  dtype=np.float32))
+                                                                 dtype=np.float32))
     special = amp.round_to_bf16(np.array([np.nan, -np.nan, np.inf, -np.inf], np.float32))
     assert np.isnan(special[:2]).all() and list(special[2:]) == [np.inf, -np.inf]
 

@@ -156,7 +156,7 @@ def test_a_block_is_single_spaced_iff_every_line_is(lines):
 
 
 @pytest.mark.parametrize("text", TRICKY + ["", " ", "a", " a ", "\ud800", "x\udfffy",
-                                            "\t lead and trail \t", "a\n\nb\n"])
+                                           "\t lead and trail \t", "a\n\nb\n"])
 def test_roundtrip_examples(bpe, text):
     assert bpe.decode(bpe.encode(text)) == text
 

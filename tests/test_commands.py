@@ -1,6 +1,6 @@
 """The installed commands: ``pip install .`` (a wheel, not an editable install) puts
-tinytf-train, tinytf-translate, tinytf-average, tinytf-prepare and tinytf-bpe on the PATH, and they work from
-any directory, with no checkout on ``sys.path``."""
+tinytf-train, tinytf-translate, tinytf-average, tinytf-prepare and tinytf-bpe on the PATH, and
+they work from any directory, with no checkout on ``sys.path``."""
 import os
 import shutil
 import subprocess

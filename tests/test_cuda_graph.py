@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from tinytf import backend, pipelined, trainer
+from tinytf import backend, pipelined
 from tinytf.bpe import BOS_ID, EOS_ID, PAD_ID
 from tinytf.cuda_graph import EagerReplay, StepGraphs, bucket_shape, pad_batch
 from tinytf.data import Batch

@@ -50,7 +50,8 @@ def test_linear(lead, n_in, n_out, bias, transposed_x, seed):
 def test_linear_with_relu(lead, n_in, n_out, bias, seed):
     # One node equal to relu(linear(...)), value and gradients; float64 gradient check.
     rng = np.random.default_rng(seed)
-    a, w, b = rng.normal(size=lead + (n_in,)), rng.normal(size=(n_out, n_in)), rng.normal(size=n_out)
+    a = rng.normal(size=lead + (n_in,))
+    w, b = rng.normal(size=(n_out, n_in)), rng.normal(size=n_out)
     inputs = [leaf(a), leaf(w)] + ([leaf(b)] if bias else [])
     close(F.linear(*inputs, activation="relu"), np.maximum(a @ w.T + (b if bias else 0.0), 0))
     gradcheck(lambda *t: F.linear(*t, activation="relu"), inputs)

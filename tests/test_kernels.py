@@ -223,7 +223,7 @@ def test_masked_softmax_matches_attention_masking(on_cpu, mask_shape):
     ref = Tensor(filled).softmax(-1).data
     np.testing.assert_allclose(y, ref, rtol=2e-6, atol=1e-7)
     assert (y[~np.broadcast_to(mask, x.shape) & np.broadcast_to(mask.any(-1, keepdims=True),
-                                                                 x.shape)] == 0).all()
+                                                                x.shape)] == 0).all()
     # Backward with the same mask: the NumPy op's y * (g - sum(g y)), then times the mask
     # (a fully masked row's uniform weights send no gradient back).
     g = rng.standard_normal(x.shape).astype(np.float32)
@@ -640,7 +640,8 @@ def test_cublas_c_api_path_computes_every_layout(tmp_path, monkeypatch):
     stub = tmp_path / "libcublas.so.99"
     src = tmp_path / "stub.c"
     src.write_text(_CUBLAS_STUB)
-    subprocess.run([host.compiler(), "-x", "c", "-shared", "-fPIC", "-O1", str(src), "-o", str(stub)],
+    subprocess.run([host.compiler(), "-x", "c", "-shared", "-fPIC", "-O1", str(src),
+                    "-o", str(stub)],
                    check=True)
     if gemm.loaded_library_path("libcublas.so") not in (None, str(stub)):
         pytest.skip("a real libcublas is loaded in this process")
@@ -813,8 +814,10 @@ def test_gpu_cublas_matmul_matches_numpy(mode):
         # alpha inside the cuBLAS call (attention's 1/sqrt(d_k)), 2-D and batched.
         got = from_gpu(kernels.matmul(to_gpu(big_a, kind), to_gpu(big_b, kind).T, alpha=0.125))
         assert np.linalg.norm(got - want * 0.125) / np.linalg.norm(want * 0.125) < tol
-        qa, ka = rounded(rng.standard_normal((2, 3, 5, 8)), kind), rounded(rng.standard_normal((2, 3, 7, 8)), kind)
-        got = from_gpu(kernels.matmul(to_gpu(qa, kind), to_gpu(ka, kind).swapaxes(-1, -2), alpha=0.5))
+        qa = rounded(rng.standard_normal((2, 3, 5, 8)), kind)
+        ka = rounded(rng.standard_normal((2, 3, 7, 8)), kind)
+        got = from_gpu(kernels.matmul(to_gpu(qa, kind), to_gpu(ka, kind).swapaxes(-1, -2),
+                                      alpha=0.5))
         want = 0.5 * (qa.astype(np.float64) @ ka.astype(np.float64).swapaxes(-1, -2))
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < tol
     finally:
@@ -823,11 +826,12 @@ def test_gpu_cublas_matmul_matches_numpy(mode):
 
 @gpu
 @pytest.mark.parametrize("kind", ["float16"] + (["bfloat16"] if _bf16_on_gpu() is not None
-                                              else []))
+                                                else []))
 def test_gpu_cublas_float32_result_of_16_bit_operands(kind):
     # How Linear forms a float32 weight gradient from 16-bit operands: cuBLAS writes the
     # float32 accumulators (C type float32), more accurate than the 16-bit product.
-    a, b = rounded(rng.standard_normal((300, 64)), kind), rounded(rng.standard_normal((300, 48)), kind)
+    a = rounded(rng.standard_normal((300, 64)), kind)
+    b = rounded(rng.standard_normal((300, 48)), kind)
     want = a.T.astype(np.float64) @ b.astype(np.float64)
     got = kernels.matmul(to_gpu(a, kind).T, to_gpu(b, kind), out_dtype=np.float32)
     assert got.dtype == np.float32
@@ -835,7 +839,8 @@ def test_gpu_cublas_float32_result_of_16_bit_operands(kind):
     err16 = np.abs(from_gpu(kernels.matmul(to_gpu(a, kind).T, to_gpu(b, kind))) - want).max()
     assert err32 < 1e-3 < err16
     for shape_a, shape_b in (((3, 5, 8), (3, 8, 4)), ((7, 8), (8, 4))):   # batched and 2-D
-        x, y = rounded(rng.standard_normal(shape_a), kind), rounded(rng.standard_normal(shape_b), kind)
+        x = rounded(rng.standard_normal(shape_a), kind)
+        y = rounded(rng.standard_normal(shape_b), kind)
         got = kernels.matmul(to_gpu(x, kind), to_gpu(y, kind), out_dtype=np.float32)
         np.testing.assert_allclose(cp.asnumpy(got), x.astype(np.float64) @ y, rtol=1e-5, atol=1e-5)
 
@@ -889,7 +894,7 @@ def _op_cases():
         ("layer_norm", lambda d, x, w, b: F.layer_norm(x, w, b), [r(2, 3, 16), r(16), r(16)]),
         ("embedding", lambda d, w: F.embedding(d(ids), w), [r(10, 6)]),
         ("cross_entropy", lambda d, a: F.cross_entropy(a, d(target), label_smoothing=0.1,
-                                                        ignore_index=0), [r(4, 6)]),
+                                                       ignore_index=0), [r(4, 6)]),
         ("attention", lambda d, q, k, v: F.attention(q, k, v, mask=d(mask)), qkv),
         ("attention causal", lambda d, q, k, v: F.attention(q, k, v, mask=d(causal)), qkv),
     ]
@@ -918,7 +923,8 @@ def test_gpu_dropout_add_of_a_16_bit_sublayer(kind):
     x = rounded(rng.standard_normal((64, 96)), kind)
     res = rng.standard_normal((64, 96)).astype(np.float32)
     u = rng.random(x.shape, dtype=np.float32)
-    out, mask = kernels.dropout_forward(to_gpu(x, kind), 0.1, cp.asarray(res), uniform=cp.asarray(u))
+    out, mask = kernels.dropout_forward(to_gpu(x, kind), 0.1, cp.asarray(res),
+                                        uniform=cp.asarray(u))
     assert out.dtype == np.float32
     ref_mask = rounded((u >= 0.1).astype(np.float32) * np.float32(1 / 0.9), kind)  # in x's dtype
     ref = rounded(x * ref_mask, kind) + res

@@ -334,7 +334,8 @@ def test_cat(case, layouts, seed):
 def split_case(draw):
     shape = list(draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=3)))
     axis = draw(st.integers(-len(shape), len(shape) - 1))
-    sizes = draw(st.lists(st.integers(0, 3), min_size=1, max_size=3).filter(sum))  # empty pieces too
+    # empty pieces too
+    sizes = draw(st.lists(st.integers(0, 3), min_size=1, max_size=3).filter(sum))
     shape[axis] = sum(sizes)
     used = draw(st.lists(st.booleans(), min_size=len(sizes), max_size=len(sizes)))
     return tuple(shape), sizes, axis, used
@@ -356,7 +357,7 @@ def test_split(case, layout, seed):
 
     def op(x):
         parts = [p * float(i + 1) for i, (p, u) in enumerate(zip(F.split(x, sizes, axis=axis),
-                                                                  used)) if u]
+                                                                 used)) if u]
         return tinytf.cat(parts, axis=axis) if parts else (x * 0.0).sum()
     gradcheck(op, [x])
 

@@ -106,7 +106,7 @@ def test_clip_grad_norm():
     # Below the threshold nothing changes; named pairs are accepted too.
     before = b.grad.copy()
     assert optim.clip_grad_norm([("a", a), ("b", b)], max_norm=10.0) == pytest.approx(1.3,
-                                                                                       rel=1e-5)
+                                                                                      rel=1e-5)
     np.testing.assert_array_equal(b.grad, before)
 
 

@@ -36,14 +36,16 @@ def prefix_step(score_fn):
 
     def step(tokens, state):
         state.prefixes = np.concatenate([state.prefixes, tokens[:, None]], axis=1)
-        rows = [score_fn(int(s), tuple(p[1:].tolist())) for s, p in zip(state.sentence_ids, state.prefixes)]
+        rows = [score_fn(int(s), tuple(p[1:].tolist()))
+                for s, p in zip(state.sentence_ids, state.prefixes)]
         return np.stack(rows).astype(np.float32)
 
     return step
 
 
 def random_scorer(vocab, eos_bias=0.0, peak=3.0):
-    """Deterministic pseudo-random log-softmax over ``vocab`` tokens for every (sentence, prefix)."""
+    """Deterministic pseudo-random log-softmax over ``vocab`` tokens for every (sentence,
+    prefix)."""
 
     def score(sentence, prefix):
         seed = zlib.crc32(repr((sentence, prefix)).encode())

@@ -158,7 +158,7 @@ def test_attention(split_everything, mask_kind, small, dropout, monkeypatch):
     mask = {None: None,
             "causal": np.tril(np.ones((t, t), bool))[None, None],
             "padding": np.arange(t)[None, None, None, :] < rng.integers(1, t + 1, b)[:, None,
-                                                                                   None, None],
+                                                                                     None, None],
             "full": rng.random((b, h, t, t)) < 0.7}[mask_kind]
     if mask_kind == "full":
         mask[0, 0, 0] = False            # a fully masked row: uniform weights, no gradient

@@ -168,10 +168,10 @@ def test_a_training_step_builds_the_expected_autograd_nodes():
     # Every node costs host time on a GPU (docs/gpu.md), so the count is part of the design.
     # Per encoder layer 11: qkv Linear, SplitHeads, Attention, MergeHeads, out Linear,
     # DropoutAdd, LayerNorm, then w_1 Linear (with its ReLU), w_2 Linear, DropoutAdd,
-    # LayerNorm. Per decoder layer those 11 plus 9 for the cross-attention (q Linear, SplitHeads, kv Linear,
-    # SplitHeads, Attention, MergeHeads, out Linear, DropoutAdd, LayerNorm). Plus 11: two
-    # embeddings with their scaling, position adds and dropouts, the output projection,
-    # the logits' reshape and the loss.
+    # LayerNorm. Per decoder layer those 11 plus 9 for the cross-attention (q Linear,
+    # SplitHeads, kv Linear, SplitHeads, Attention, MergeHeads, out Linear, DropoutAdd,
+    # LayerNorm). Plus 11: two embeddings with their scaling, position adds and dropouts,
+    # the output projection, the logits' reshape and the loss.
     from collections import Counter
     from tinytf.tensor import _topological_order
     model = make_model(dropout=0.1).train()

@@ -39,7 +39,8 @@ def _operand(ptr, dtype, op, rows, cols, ld, batch=1, stride=0):
     return a.astype(np.float32)
 
 
-def gemmStridedBatchedEx(handle, transa, transb, m, n, k, alpha, A, atype, lda, stride_a,  # noqa: N802
+def gemmStridedBatchedEx(handle, transa, transb, m, n, k,  # noqa: N802
+                         alpha, A, atype, lda, stride_a,
                          B, btype, ldb, stride_b, beta, C, ctype, ldc, stride_c, batch,
                          compute_type, algo):
     """C[i] = alpha * op(A[i]) @ op(B[i]) (beta must be 0, as tinytf passes it)."""
