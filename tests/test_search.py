@@ -10,8 +10,10 @@ import zlib
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
-from tinytf.search import Hypothesis, beam_search, greedy_search, length_penalty, top_k
+from tinytf.search import (Hypothesis, beam_search, greedy_search, length_penalty, top_k,
+                           top_k_by_bound)
 
 BOS, EOS = 1, 2
 
@@ -241,6 +243,37 @@ def test_top_k_in_threads_is_the_whole_arrays(monkeypatch):
         threads.set_threads(None)
     assert idx.tolist() == expected
     assert (vals == np.take_along_axis(scores, idx, axis=1)).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 700), st.integers(1, 8), st.integers(0, 2 ** 32 - 1),
+       st.sampled_from([0.0, 0.3, 0.97, 1.0]), st.sampled_from([64, 256]))
+def test_top_k_by_bound_is_top_k(n, m, k, seed, dead, samples):
+    """The definition (value descending, then index ascending), ties (quantised scores) and
+    -inf entries included, whole rows of -inf too (``dead`` 1), for any row length and
+    sample count; so `top_k`'s result wherever that is finite (`top_k` leaves the choice
+    among -inf entries to argpartition)."""
+    k = min(k, m)
+    rng = np.random.default_rng(seed)
+    scores = np.round(rng.standard_normal((n, m)) * 3).astype(np.float32)
+    scores[rng.random((n, m)) < dead] = -np.inf
+    idx, vals = top_k_by_bound(scores, k, samples=samples)
+    expected = [sorted(range(m), key=lambda j: (-row[j], j))[:k] for row in scores]
+    assert idx.tolist() == expected
+    np.testing.assert_array_equal(vals, np.take_along_axis(scores, idx, axis=1))
+    ref_idx, ref_vals = top_k(scores, k)
+    finite = np.isfinite(ref_vals)
+    np.testing.assert_array_equal(vals, ref_vals)
+    np.testing.assert_array_equal(idx[finite], ref_idx[finite])
+
+
+def test_top_k_by_bound_leaves_nans_to_top_k():
+    scores = np.arange(24, dtype=np.float32).reshape(2, 12)
+    scores[0, 3] = scores[1, 11] = np.nan   # the second in the tail past the sampled columns
+    idx, vals = top_k_by_bound(scores, 3, samples=5)
+    ref_idx, ref_vals = top_k(scores, 3)
+    np.testing.assert_array_equal(idx, ref_idx)
+    np.testing.assert_array_equal(vals, ref_vals)
 
 
 def test_argument_checks_and_empty_batch():
