@@ -161,8 +161,10 @@ class Encoder:
     def encode_chunks(self, chunks):
         """Put `encode_chunk` of each chunk (a collection without repeats) into the chunk
         cache, the words of all of them encoded together by `encode_words`."""
+        # `chunk_words` of every chunk, unrolled: the chunks that `one_word` recognises are
+        # one word each, the others are cut by the regex.
         alone = list(map(one_word, chunks))
-        single = list(compress(chunks, alone))  # chunks of one word, the others cut by regex
+        single = list(compress(chunks, alone))
         multiple = [(c, PRETOKEN.findall(" " + c)) for c in compress(chunks, map(not_, alone))]
         new = list(dict.fromkeys(w for _, words in multiple for w in words
                                  if w not in self.words))
