@@ -180,8 +180,8 @@ class TrainConfig:
         """A warning when the ``linear`` schedule's warm-up, set shorter than the preset's,
         ends before `SHORT_WARMUP` of the budget's `expected_updates` (None: no budget
         known): the presets' peaks were tuned with the warm-up at its cap, 30 % of the
-        budget, and at a 10-minute budget a warm-up of 5-10.5 % of it cost 17-28 % of the
-        BLEU (docs/benchmarks.md, "Robustness of the tiny recipe"). The preset's own
+        budget, and at a 10-minute budget a warm-up of 5-10.5 % of it cost 23-38 % of the
+        BLEU over two seeds (docs/benchmarks.md, "Robustness of the tiny recipe"). The preset's own
         warm-up (4,000 updates) never warns, however long the budget."""
         if (self.lr_schedule != "linear" or not expected_updates
                 or self.warmup >= self.preset_defaults()["warmup"]):
