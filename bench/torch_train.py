@@ -59,6 +59,8 @@ def parse_args(argv=None):
     p.add_argument("--dropout", type=float, default=0.1,
                    help="P_drop of the sub-layers and embeddings (default: the paper's 0.1)")
     p.add_argument("--pre-norm", action="store_true", help="pre-LN (default: the paper's post-LN)")
+    p.add_argument("--qk-norm", action="store_true",
+                   help="LayerNorm of queries and keys (default: the paper's attention)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--log-losses", action="store_true",
@@ -78,7 +80,8 @@ def build(args):
     if not os.path.isfile(bpe_path):
         BPE.learn(train_paths, vocab_size=args.vocab_size).save(bpe_path)
     bpe = BPE.load(bpe_path)
-    overrides = {"vocab_size": len(bpe), "pre_norm": args.pre_norm, "dropout": args.dropout}
+    overrides = {"vocab_size": len(bpe), "pre_norm": args.pre_norm, "qk_norm": args.qk_norm,
+                 "dropout": args.dropout}
     cfg = TransformerConfig.preset(args.config, **overrides)
     corpus = ParallelCorpus(*read_parallel(*train_paths), bpe, max_len=128)
     batches = BatchIterator(corpus, args.max_tokens, seed=args.seed)

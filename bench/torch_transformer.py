@@ -31,9 +31,13 @@ def sinusoid_table(max_len: int, d_model: int) -> torch.Tensor:
 class MultiHeadAttention(nn.Module):
     """Fused-projection multi-head attention (qkv for self-attention, q + kv for cross)."""
 
-    def __init__(self, d_model, n_heads, attention_dropout=0.0, self_attention=True, sdpa=True):
+    def __init__(self, d_model, n_heads, attention_dropout=0.0, self_attention=True, sdpa=True,
+                 qk_norm=False, eps=1e-5):
         super().__init__()
-        self.h, self.p, self.sdpa = n_heads, attention_dropout, sdpa
+        self.h, self.p, self.sdpa, self.qk_norm = n_heads, attention_dropout, sdpa, qk_norm
+        if qk_norm:  # LayerNorm of each head's queries and keys over d_k
+            self.q_norm = nn.LayerNorm(d_model // n_heads, eps=eps)
+            self.k_norm = nn.LayerNorm(d_model // n_heads, eps=eps, bias=False)
         if self_attention:
             self.qkv = nn.Linear(d_model, 3 * d_model)
         else:
@@ -52,6 +56,8 @@ class MultiHeadAttention(nn.Module):
             q = self.q(x)
             k, v = self.kv(memory).chunk(2, dim=-1)
         q, k, v = self._split(q), self._split(k), self._split(v)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         p = self.p if self.training else 0.0
         if self.sdpa:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
@@ -61,6 +67,11 @@ class MultiHeadAttention(nn.Module):
             y = F.dropout(s.softmax(-1), p, self.training) @ v
         b, h, t, dk = y.shape
         return self.out(y.transpose(1, 2).reshape(b, t, h * dk))
+
+
+def _qk_norm(c) -> bool:
+    """The config's ``qk_norm`` (False for a config written before the option existed)."""
+    return getattr(c, "qk_norm", False)
 
 
 class FeedForward(nn.Module):
@@ -87,7 +98,8 @@ class SublayerConnection(nn.Module):
 class EncoderLayer(nn.Module):
     def __init__(self, c, sdpa):
         super().__init__()
-        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, True, sdpa)
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, True, sdpa,
+                                            _qk_norm(c), c.eps)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.relu_dropout)
         self.sub1 = SublayerConnection(c.d_model, c.dropout, c.pre_norm, c.eps)
         self.sub2 = SublayerConnection(c.d_model, c.dropout, c.pre_norm, c.eps)
@@ -100,9 +112,10 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, c, sdpa):
         super().__init__()
-        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, True, sdpa)
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, True, sdpa,
+                                            _qk_norm(c), c.eps)
         self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, False,
-                                             sdpa)
+                                             sdpa, _qk_norm(c), c.eps)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.relu_dropout)
         self.sub1 = SublayerConnection(c.d_model, c.dropout, c.pre_norm, c.eps)
         self.sub2 = SublayerConnection(c.d_model, c.dropout, c.pre_norm, c.eps)

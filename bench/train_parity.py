@@ -33,6 +33,7 @@ def main(argv=None) -> int:
                                      "--warmup 100 --vocab-size 4000",
                    help="recipe options understood by both train.py and torch_train.py")
     p.add_argument("--pre-norm", action="store_true")
+    p.add_argument("--qk-norm", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     base = args.out or tempfile.mkdtemp(prefix="tinytf-parity-")
@@ -44,11 +45,13 @@ def main(argv=None) -> int:
     tt = [sys.executable, "train.py", "--out", tt_out, "--max-steps", str(args.steps),
           "--log-interval", "1", "--save-interval", str(10 * args.steps), "--set",
           "test_bleu=false", "--set", "valid_bleu_sentences=1", *recipe]
-    for item in dropout + [f"pre_norm={str(args.pre_norm).lower()}"]:
+    for item in dropout + [f"pre_norm={str(args.pre_norm).lower()}",
+                           f"qk_norm={str(args.qk_norm).lower()}"]:
         tt += ["--set", item]
     ref = [sys.executable, "bench/torch_train.py", "--out", torch_out, "--max-steps",
            str(args.steps), "--dropout", "0", "--log-losses", "--no-test", "--threads", "1",
-           *recipe] + (["--pre-norm"] if args.pre_norm else [])
+           *recipe] + (["--pre-norm"] if args.pre_norm else []) + (
+               ["--qk-norm"] if args.qk_norm else [])
     procs = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                               stderr=open(os.path.join(base, name + ".log"), "w"))
              for name, c in (("tinytf", tt), ("torch", ref))]

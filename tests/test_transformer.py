@@ -142,9 +142,9 @@ def test_tiny_initialisation_statistics():
 # shapes, dtypes, masks
 # ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("pre_norm", [False, True])
-def test_shapes_and_float32(pre_norm):
-    model = make_model(pre_norm=pre_norm, dropout=0.1)
+@pytest.mark.parametrize("pre_norm,qk_norm", [(False, False), (True, False), (True, True)])
+def test_shapes_and_float32(pre_norm, qk_norm):
+    model = make_model(pre_norm=pre_norm, qk_norm=qk_norm, dropout=0.1)
     rng = np.random.default_rng(0)
     src, tgt = random_batch(rng, 3, 7, 5, 13)
     memory = model.encode(src)
@@ -200,10 +200,10 @@ def test_masks():
     assert c[0, 0].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
 
 
-@pytest.mark.parametrize("pre_norm", [False, True])
-def test_padded_source_positions_are_ignored(pre_norm):
+@pytest.mark.parametrize("pre_norm,qk_norm", [(False, False), (True, False), (True, True)])
+def test_padded_source_positions_are_ignored(pre_norm, qk_norm):
     """Whatever sits at source PAD positions changes neither memory nor logits elsewhere."""
-    model = make_model(pre_norm=pre_norm).eval()
+    model = make_model(pre_norm=pre_norm, qk_norm=qk_norm).eval()
     rng = np.random.default_rng(1)
     src, tgt = random_batch(rng, 4, 9, 6, 13)
     pad = src == PAD_ID
@@ -237,9 +237,9 @@ def test_source_padding_length_does_not_matter():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("pre_norm", [False, True])
-def test_future_target_tokens_are_not_seen(pre_norm):
-    model = make_model(pre_norm=pre_norm).eval()
+@pytest.mark.parametrize("pre_norm,qk_norm", [(False, False), (True, False), (True, True)])
+def test_future_target_tokens_are_not_seen(pre_norm, qk_norm):
+    model = make_model(pre_norm=pre_norm, qk_norm=qk_norm).eval()
     rng = np.random.default_rng(3)
     src, tgt = random_batch(rng, 2, 6, 8, 13, pad_tail=False)
     with no_grad():
@@ -301,12 +301,13 @@ def test_label_smoothed_loss_by_hand():
 # gradients
 # ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("pre_norm", [False, True])
-def test_gradcheck_end_to_end_float64(pre_norm):
+@pytest.mark.parametrize("pre_norm,qk_norm", [(False, False), (True, False), (True, True)])
+def test_gradcheck_end_to_end_float64(pre_norm, qk_norm):
     """Finite differences of the summed smoothed loss w.r.t. every parameter, with dropout."""
     model = to_float64(make_model(vocab_size=11, d_model=8, n_heads=2, d_ff=12,
                                   n_encoder_layers=1, n_decoder_layers=1, dropout=0.1,
-                                  attention_dropout=0.1, relu_dropout=0.1, pre_norm=pre_norm))
+                                  attention_dropout=0.1, relu_dropout=0.1, pre_norm=pre_norm,
+                                  qk_norm=qk_norm))
     rng = np.random.default_rng(7)
     src, tgt = random_batch(rng, 2, 5, 4, 11)
     gold = np.roll(tgt, -1, axis=1)
@@ -325,9 +326,10 @@ def test_gradcheck_end_to_end_float64(pre_norm):
 # incremental decoding
 # ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_decode_step_equals_full_decode(dtype):
-    model = make_model(pre_norm=False, dropout=0.3).eval()
+@pytest.mark.parametrize("dtype,qk_norm",
+                         [(np.float32, False), (np.float64, False), (np.float32, True)])
+def test_decode_step_equals_full_decode(dtype, qk_norm):
+    model = make_model(pre_norm=False, qk_norm=qk_norm, dropout=0.3).eval()
     if dtype == np.float64:
         to_float64(model)
     rng = np.random.default_rng(8)
@@ -381,12 +383,13 @@ def test_decoder_state_select_reorders_rows():
         np.testing.assert_allclose(logp, full.log_softmax(-1).data[:, 1], rtol=1e-5, atol=1e-5)
 
 
-def test_grouped_hypotheses_share_their_sentence_memory():
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_grouped_hypotheses_share_their_sentence_memory(qk_norm):
     """As beam search selects rows (k consecutive hypotheses per sentence, reordered within
     their sentence, sentences leaving): the encoder-decoder keys stay one row per sentence,
     the self-attention caches are written in place past their first capacity, and every
     step equals the full decode of the rows' prefixes."""
-    model = make_model(pre_norm=False).eval()
+    model = make_model(pre_norm=False, qk_norm=qk_norm).eval()
     rng = np.random.default_rng(10)
     src, _ = random_batch(rng, 3, 6, 2, 13)
     k, steps = 4, 20                       # 20 steps: past the caches' first capacity (16)
@@ -478,8 +481,9 @@ def test_learns_to_reverse_sequences():
 # agreement with PyTorch (optional oracle)
 # ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("pre_norm,sdpa", [(False, False), (True, False), (False, True)])
-def test_matches_pytorch_float64(pre_norm, sdpa):
+@pytest.mark.parametrize("pre_norm,sdpa,qk_norm", [(False, False, False), (True, False, False),
+                                                   (False, True, False), (True, True, True)])
+def test_matches_pytorch_float64(pre_norm, sdpa, qk_norm):
     """Same weights in bench/torch_transformer.py: same logits, loss and gradients."""
     torch = pytest.importorskip("torch")
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
@@ -488,7 +492,7 @@ def test_matches_pytorch_float64(pre_norm, sdpa):
         from torch_transformer import label_smoothed_loss as torch_loss
     finally:
         sys.path.pop(0)
-    model = to_float64(make_model(pre_norm=pre_norm))
+    model = to_float64(make_model(pre_norm=pre_norm, qk_norm=qk_norm))
     ref = TorchTransformer(model.config, sdpa=sdpa)
     load_tinytf_state(ref, model.state_dict(), dtype=torch.float64)
     rng = np.random.default_rng(10)

@@ -17,7 +17,7 @@ from . import functional as F
 from .backend import to_numpy
 from .bpe import BOS_ID, EOS_ID
 from .tensor import no_grad
-from .transformer import causal_mask, padding_mask, split_heads
+from .transformer import causal_mask, padding_mask
 
 
 def cross_attention_weights(model, src_ids, tgt_ids) -> np.ndarray:
@@ -41,7 +41,7 @@ def cross_attention_weights(model, src_ids, tgt_ids) -> np.ndarray:
             # The query input of the cross-attention sub-layer (see SublayerConnection).
             y = layer.sub1(x, lambda z: layer.self_attn(z, tgt_mask))
             query_in = layer.sub2.norm(y) if layer.sub2.pre_norm else y
-            q = split_heads(layer.cross_attn.q(query_in), layer.cross_attn.n_heads)
+            q = layer.cross_attn.cross_queries(query_in)
             _, w = F.attention(q, *memory_kv, mask=src_mask, return_weights=True)
             weights.append(to_numpy(w)[0])                            # (h, T, S)
             x = layer(x, memory_kv, src_mask, tgt_mask)

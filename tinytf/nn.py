@@ -239,12 +239,13 @@ class Embedding(Module):
 
 
 class LayerNorm(Module):
-    """Layer normalisation over the last axis, learned gain (ones) and bias (zeros)."""
+    """Layer normalisation over the last axis, learned gain (ones) and bias (zeros; none
+    with ``bias=False``)."""
 
-    def __init__(self, dim: int, eps: float = 1e-5):
+    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True):
         self.eps = eps
         self.weight = Parameter(np.ones(dim, dtype=np.float32))
-        self.bias = Parameter(np.zeros(dim, dtype=np.float32))
+        self.bias = Parameter(np.zeros(dim, dtype=np.float32)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
         return F.layer_norm(x, self.weight, self.bias, self.eps)

@@ -57,6 +57,7 @@ class TransformerConfig:
     max_len: int = 1024             # rows of the sinusoid table (longest sentence)
     pre_norm: bool = False          # True departs from the paper (see EncoderLayer)
     share_embeddings: bool = True   # one matrix for source, target and output (section 3.4)
+    qk_norm: bool = False           # True departs from the paper (see MultiHeadAttention)
     eps: float = 1e-5
 
     PRESETS = {  # section 6.1 / table 3; tiny and small are ours, for CPUs
@@ -233,11 +234,21 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, attention_dropout: float = 0.0,
-                 self_attention: bool = True):
+                 self_attention: bool = True, qk_norm: bool = False, eps: float = 1e-5):
         super().__init__()
         self.n_heads = n_heads
         self.attention_dropout = attention_dropout
         self.self_attention = self_attention
+        self.qk_norm = qk_norm
+        if qk_norm:
+            # Departure: LayerNorm of every head's queries and keys over d_k before the dot
+            # product ("QK-norm": Henry et al. 2020, Dehghani et al. 2023, Wortsman et al.
+            # 2023), which bounds the attention logits by the learned gains instead of by
+            # the growth of W^Q and W^K. The keys' norm has no bias: q . b adds the same
+            # number to all of a query's scores, which the softmax ignores, so its gradient
+            # is zero but for rounding, and Adam would turn that rounding into full steps.
+            self.q_norm = nn.LayerNorm(d_model // n_heads, eps=eps)
+            self.k_norm = nn.LayerNorm(d_model // n_heads, eps=eps, bias=False)
         if self_attention:
             self.qkv = nn.Linear(d_model, 3 * d_model)
             xavier_uniform_blocks_(self.qkv.weight, 3)
@@ -259,7 +270,12 @@ class MultiHeadAttention(nn.Module):
         Computed once per source sentence and reused at every decoding step.
         """
         k, v = split_projections(self.kv(memory), 2, self.n_heads)   # kv: (B, S, 2d)
-        return k, v
+        return (self.k_norm(k) if self.qk_norm else k), v
+
+    def cross_queries(self, x: Tensor) -> Tensor:
+        """Queries of encoder-decoder attention, (B, T, d) -> (B, h, T, d_k)."""
+        q = split_heads(self.q(x), self.n_heads)
+        return self.q_norm(q) if self.qk_norm else q
 
     def forward(self, x: Tensor, mask=None, memory_kv=None, cache=None) -> Tensor:
         """x (B, T, d) -> (B, T, d).
@@ -273,10 +289,12 @@ class MultiHeadAttention(nn.Module):
         h = self.n_heads
         if memory_kv is None:
             q, k, v = split_projections(self.qkv(x), 3, h)  # qkv (B, T, 3d) -> (B, h, T, d_k)
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
             if cache is not None:                           # keys, values of t + T positions
                 k, v = map(Tensor, cache.append(k.data, v.data))
         else:
-            q = split_heads(self.q(x), h)                  # (B, h, T, d_k)
+            q = self.cross_queries(x)                      # (B, h, T, d_k)
             k, v = memory_kv                               # (M, h, S, d_k)
         if k.shape[0] != q.shape[0]:                       # B = M * g: grouped queries
             y = self._grouped(q, k, v, mask)
@@ -351,7 +369,8 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout,
+                                            qk_norm=cfg.qk_norm, eps=cfg.eps)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout)
         self.sub1 = SublayerConnection(cfg.d_model, cfg.dropout, cfg.pre_norm, cfg.eps)
         self.sub2 = SublayerConnection(cfg.d_model, cfg.dropout, cfg.pre_norm, cfg.eps)
@@ -366,9 +385,11 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout,
+                                            qk_norm=cfg.qk_norm, eps=cfg.eps)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout,
-                                             self_attention=False)
+                                             self_attention=False, qk_norm=cfg.qk_norm,
+                                             eps=cfg.eps)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout)
         self.sub1 = SublayerConnection(cfg.d_model, cfg.dropout, cfg.pre_norm, cfg.eps)
         self.sub2 = SublayerConnection(cfg.d_model, cfg.dropout, cfg.pre_norm, cfg.eps)
