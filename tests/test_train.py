@@ -210,6 +210,30 @@ def test_resume_refuses_a_different_model(data_dir, tmp_path):
         trainer.Trainer(_config(data_dir, tmp_path / "empty", resume=True))
 
 
+def test_resume_of_a_checkpoint_older_than_a_model_option(data_dir, tmp_path):
+    """A checkpoint written before ``qk_norm`` existed (no such key in its model config)
+    resumes as the model it trained (without QK-norm), although the tiny preset now has it;
+    asking for it with --set is still a conflict."""
+    cfg = _config(data_dir, tmp_path / "r", max_steps=1)
+    cfg.model_overrides["qk_norm"] = False
+    _run(cfg)
+    last = tmp_path / "r" / checkpoint.LAST
+    old = checkpoint.load(last)
+    meta = dict(old.meta, model_config={k: v for k, v in old.meta["model_config"].items()
+                                        if k != "qk_norm"})
+    checkpoint.save(last, old.model, optim_state=old.optim, meta=meta)
+    assert TrainConfig().resolved().config == "tiny"
+    resumed = _config(data_dir, tmp_path / "r", max_steps=2, resume=True)
+    assert "qk_norm" not in resumed.model_overrides
+    t = trainer.Trainer(resumed, log_stream=open(os.devnull, "w"))
+    assert t.model_cfg.qk_norm is False and not any("q_norm" in n for n in t.model.state_dict())
+    assert t.train()["steps"] == 2
+    asked = _config(data_dir, tmp_path / "r", max_steps=3, resume=True)
+    asked.model_overrides["qk_norm"] = True
+    with pytest.raises(TrainError, match="qk_norm"):
+        trainer.Trainer(asked, log_stream=open(os.devnull, "w"))
+
+
 STOP_ARGS = ["--max-steps", "40", "--vocab-size", "300", "--max-tokens", "200",
              "--log-interval", "1", "--save-interval", "1000", "--update-freq", "2",
              "--lr-schedule", "inverse_sqrt", "--lr", "2e-3", "--warmup", "5", "--seed", "4",

@@ -102,14 +102,20 @@ def check_resumable(ckpt, bpe_sha: str, run_dir: str) -> None:
                          "cannot be resumed)")
 
 
-def resumed_model_config(ckpt, wanted, bpe_sha: str, run_dir: str):
+def resumed_model_config(ckpt, wanted, bpe_sha: str, run_dir: str, given=()):
     """The model config to resume ``ckpt`` with: its own, once :func:`check_resumable`
     passes; a :class:`TrainError` listing the fields where ``wanted`` (the
-    ``TransformerConfig`` that --config and --set ask for) differs from it."""
+    ``TransformerConfig`` that --config and --set ask for) differs from it.
+
+    A field that the checkpoint predates (a model option added later, such as ``qk_norm``)
+    has its default, the model the checkpoint trained: a preset that has since changed
+    that default is no conflict, a ``--set`` of it (a key in ``given``) is."""
     check_resumable(ckpt, bpe_sha, run_dir)
-    saved = type(wanted).from_dict(ckpt.meta["model_config"])
+    stored = ckpt.meta["model_config"]
+    saved = type(wanted).from_dict(stored)
     asked = wanted.to_dict()
-    diff = {k: (v, asked[k]) for k, v in saved.to_dict().items() if asked[k] != v}
+    diff = {k: (v, asked[k]) for k, v in saved.to_dict().items()
+            if asked[k] != v and (k in stored or k in given)}
     if diff:
         raise TrainError(f"{ckpt.path}: the run's model differs from --config/--set "
                          f"(saved, asked): {diff}")

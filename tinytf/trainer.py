@@ -134,7 +134,7 @@ class Trainer:
         self.model_cfg = model_config_for(self.cfg, len(self.bpe))
         if resume is not None:      # the checkpoint's model (the flags must agree)
             self.model_cfg = resumed_model_config(resume, self.model_cfg, self.bpe_sha,
-                                                  self.run_dir)
+                                                  self.run_dir, given=cfg.model_overrides)
 
         backend.manual_seed(cfg.seed)
         self.model = Transformer(self.model_cfg)
