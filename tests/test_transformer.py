@@ -68,8 +68,11 @@ def test_presets_match_the_paper():
     small = TransformerConfig.preset("small")
     assert (small.d_model, small.n_heads, small.d_ff, small.n_encoder_layers) == (512, 8, 2048, 3)
     for c in (small, base, big):  # the paper's defaults
-        assert c.pre_norm is False
-    assert tiny.pre_norm is True  # the measured CPU recipe (docs/training.md)
+        assert c.pre_norm is False and c.qk_norm is False
+    assert tiny.pre_norm is True and tiny.qk_norm is True  # the measured CPU recipe
+    n_norm = sum(name.endswith(("q_norm.weight", "q_norm.bias", "k_norm.weight"))
+                 for name, _ in Transformer(tiny).named_parameters())
+    assert n_norm == 3 * 9  # each of the 9 attentions: q gain and bias, k gain (no k bias)
     for c in (tiny, small, base, big):
         assert c.share_embeddings is True
         assert c.d_model // c.n_heads == 64  # d_k = d_v = 64 in every paper configuration

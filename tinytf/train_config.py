@@ -146,9 +146,13 @@ class TrainConfig:
             if self.lr is None:
                 self.lr = defaults["lr"] if "lr" in defaults else self.tuned_peak()
 
-    def _preset_d_model(self) -> int:
+    def _model_value(self, key: str):
+        """The model key's value: --set's, else the preset's, else TransformerConfig's."""
         return {**TransformerConfig.PRESETS.get(self.config, {}),
-                **self.model_overrides}.get("d_model", TransformerConfig.d_model)
+                **self.model_overrides}.get(key, getattr(TransformerConfig, key))
+
+    def _preset_d_model(self) -> int:
+        return self._model_value("d_model")
 
     def tuned_peak(self) -> float:
         """The peak learning rate that this preset's defaults give (what it was tuned for)."""
@@ -179,11 +183,12 @@ class TrainConfig:
     def warmup_warning(self, expected_updates: int | None) -> str | None:
         """A warning when the ``linear`` schedule's warm-up, set shorter than the preset's,
         ends before `SHORT_WARMUP` of the budget's `expected_updates` (None: no budget
-        known): the presets' peaks were tuned with the warm-up at its cap, 30 % of the
-        budget, and at a 10-minute budget a warm-up of 5-10.5 % of it cost 23-38 % of the
-        BLEU over two seeds (docs/benchmarks.md, "Robustness of the tiny recipe"). The preset's own
-        warm-up (4,000 updates) never warns, however long the budget."""
+        known) in a model without QK-norm: the peak was tuned with the warm-up at its cap,
+        30 % of the budget, and without QK-norm a warm-up of 5-10.5 % of a 10-minute budget
+        cost 23-38 % of the BLEU over two seeds (docs/training.md, "QK-norm"; with it, none).
+        The preset's own warm-up (4,000 updates) never warns, however long the budget."""
         if (self.lr_schedule != "linear" or not expected_updates
+                or self._model_value("qk_norm")
                 or self.warmup >= self.preset_defaults()["warmup"]):
             return None
         if self.warmup >= self.SHORT_WARMUP * expected_updates:
@@ -191,9 +196,9 @@ class TrainConfig:
         return (f"warning: the warm-up ends after {self.warmup} of the budget's about "
                 f"{expected_updates} updates ({self.warmup / expected_updates:.0%}); the peak "
                 f"{self.lr:.2e} was tuned with the warm-up at {LINEAR_WARMUP_CAP:.0%} of the "
-                f"budget, and a warm-up this short learns less (docs/benchmarks.md, "
-                f"\"Robustness of the tiny recipe\"): a longer --warmup, or a lower --lr with "
-                f"it, learns more")
+                f"budget, and without QK-norm a warm-up this short learns less (docs/training.md, "
+                f"\"QK-norm\"): --set qk_norm=true, a longer --warmup, or a lower --lr with it, "
+                f"learns more")
 
     def check(self) -> None:
         """Raise TrainError for values that cannot work."""

@@ -63,9 +63,10 @@ class TransformerConfig:
     PRESETS = {  # section 6.1 / table 3; tiny and small are ours, for CPUs
         # tiny departs from the paper with pre-LN: in a CPU budget of minutes post-LN stays
         # near the unigram plateau (docs/training.md, "The tiny recipe"); --set
-        # pre_norm=false restores the paper's post-LN.
+        # pre_norm=false restores the paper's post-LN. And with QK-norm: without it a short
+        # warm-up collapses the attention (docs/training.md, "QK-norm").
         "tiny": dict(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3,
-                     pre_norm=True),
+                     pre_norm=True, qk_norm=True),
         "small": dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=3, n_decoder_layers=3),
         "base": dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6),
         "big": dict(d_model=1024, n_heads=16, d_ff=4096, n_encoder_layers=6, n_decoder_layers=6,
