@@ -122,9 +122,11 @@ def log_run_start(log: Logger, cfg, mc, data, step: int, *, parameters: int, ran
     precision; the training ``data`` (a ParallelCorpus) and batches; the schedule and the
     budget, and a warning when the peak is far from the preset's."""
     graphs = ", CUDA graphs (one per padded batch shape)" if cfg.cuda_graph else ""
+    norms = ("pre-LN" if mc.pre_norm else "post-LN") + (", QK-norm" if mc.qk_norm else "")
     log.info(f"{'resuming at step ' + str(step) if step else 'training'} {cfg.config} "
              f"(d_model {mc.d_model}, {mc.n_encoder_layers}+{mc.n_decoder_layers} layers, "
-             f"{parameters:,} parameters) on {ranks} process{'es' if ranks > 1 else ''}, "
+             f"{norms}, {parameters:,} parameters) on {ranks} process"
+             f"{'es' if ranks > 1 else ''}, "
              f"device {device}, precision {precision}{graphs}")
     log.info(f"data: {len(data):,} training pairs ({data.n_skipped_long} longer than "
              f"{cfg.train_max_len} tokens and {data.n_skipped_empty} with an empty side "
