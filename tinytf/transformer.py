@@ -231,7 +231,8 @@ class MultiHeadAttention(nn.Module):
     The per-head matrices of eq. (4) are stored side by side, so one GEMM projects all
     heads at once. For self-attention W^Q, W^K and W^V are also stacked into one (3d, d)
     ``qkv`` Linear (one GEMM instead of three; the same maths); for encoder-decoder
-    attention ``q`` projects the decoder state and ``kv`` the encoder output.
+    attention ``q`` projects the decoder state and ``kv`` the encoder output. With
+    ``qk_norm`` each head's queries and keys are layer-normalised over d_k first.
     """
 
     def __init__(self, d_model: int, n_heads: int, attention_dropout: float = 0.0,
