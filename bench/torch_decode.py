@@ -39,10 +39,7 @@ class TorchIncrementalDecoder:
         cross = []
         for layer in m.decoder.layers:
             k, v = layer.cross_attn.kv(memory).chunk(2, dim=-1)
-            k = self._split(k, h)
-            if layer.cross_attn.qk_norm:
-                k = layer.cross_attn.k_norm(k)
-            cross.append((k, self._split(v, h)))
+            cross.append((layer.cross_attn.norm_k(self._split(k, h)), self._split(v, h)))
         return {"src_mask": src_mask, "cross": cross, "self": [None] * len(cross), "length": 0}
 
     @torch.no_grad()
@@ -54,8 +51,7 @@ class TorchIncrementalDecoder:
         for i, layer in enumerate(m.decoder.layers):
             def self_attn(y, i=i, layer=layer):
                 q, k, v = (self._split(z, h) for z in layer.self_attn.qkv(y).chunk(3, dim=-1))
-                if layer.self_attn.qk_norm:
-                    q, k = layer.self_attn.q_norm(q), layer.self_attn.k_norm(k)
+                q, k = layer.self_attn.norm_q(q), layer.self_attn.norm_k(k)
                 if state["self"][i] is not None:
                     k = torch.cat([state["self"][i][0], k], dim=2)
                     v = torch.cat([state["self"][i][1], v], dim=2)
@@ -63,9 +59,7 @@ class TorchIncrementalDecoder:
                 return layer.self_attn.out(_merge(F.scaled_dot_product_attention(q, k, v)))
 
             def cross_attn(y, i=i, layer=layer):
-                q = self._split(layer.cross_attn.q(y), h)
-                if layer.cross_attn.qk_norm:
-                    q = layer.cross_attn.q_norm(q)
+                q = layer.cross_attn.norm_q(self._split(layer.cross_attn.q(y), h))
                 k, v = state["cross"][i]
                 a = F.scaled_dot_product_attention(q, k, v, attn_mask=state["src_mask"])
                 return layer.cross_attn.out(_merge(a))

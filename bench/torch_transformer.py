@@ -49,15 +49,19 @@ class MultiHeadAttention(nn.Module):
         b, t, d = x.shape
         return x.view(b, t, self.h, d // self.h).transpose(1, 2)
 
+    def norm_q(self, q):  # (B, h, T, d_k), normalised with qk_norm
+        return self.q_norm(q) if self.qk_norm else q
+
+    def norm_k(self, k):
+        return self.k_norm(k) if self.qk_norm else k
+
     def forward(self, x, mask, memory=None):
         if memory is None:
             q, k, v = self.qkv(x).chunk(3, dim=-1)
         else:
             q = self.q(x)
             k, v = self.kv(memory).chunk(2, dim=-1)
-        q, k, v = self._split(q), self._split(k), self._split(v)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self.norm_q(self._split(q)), self.norm_k(self._split(k)), self._split(v)
         p = self.p if self.training else 0.0
         if self.sdpa:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
@@ -67,11 +71,6 @@ class MultiHeadAttention(nn.Module):
             y = F.dropout(s.softmax(-1), p, self.training) @ v
         b, h, t, dk = y.shape
         return self.out(y.transpose(1, 2).reshape(b, t, h * dk))
-
-
-def _qk_norm(c) -> bool:
-    """The config's ``qk_norm`` (False for a config written before the option existed)."""
-    return getattr(c, "qk_norm", False)
 
 
 class FeedForward(nn.Module):
@@ -99,7 +98,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, c, sdpa):
         super().__init__()
         self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, True, sdpa,
-                                            _qk_norm(c), c.eps)
+                                            c.qk_norm, c.eps)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.relu_dropout)
         self.sub1 = SublayerConnection(c.d_model, c.dropout, c.pre_norm, c.eps)
         self.sub2 = SublayerConnection(c.d_model, c.dropout, c.pre_norm, c.eps)
@@ -113,9 +112,9 @@ class DecoderLayer(nn.Module):
     def __init__(self, c, sdpa):
         super().__init__()
         self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, True, sdpa,
-                                            _qk_norm(c), c.eps)
+                                            c.qk_norm, c.eps)
         self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, False,
-                                             sdpa, _qk_norm(c), c.eps)
+                                             sdpa, c.qk_norm, c.eps)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.relu_dropout)
         self.sub1 = SublayerConnection(c.d_model, c.dropout, c.pre_norm, c.eps)
         self.sub2 = SublayerConnection(c.d_model, c.dropout, c.pre_norm, c.eps)

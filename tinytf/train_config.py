@@ -151,21 +151,18 @@ class TrainConfig:
         return {**TransformerConfig.PRESETS.get(self.config, {}),
                 **self.model_overrides}.get(key, getattr(TransformerConfig, key))
 
-    def _preset_d_model(self) -> int:
-        return self._model_value("d_model")
-
     def tuned_peak(self) -> float:
         """The peak learning rate that this preset's defaults give (what it was tuned for)."""
         d = self.preset_defaults()
         if d["lr_schedule"] == "noam":
-            return d["lr_factor"] * (self._preset_d_model() * d["warmup"]) ** -0.5
+            return d["lr_factor"] * (self._model_value("d_model") * d["warmup"]) ** -0.5
         return d["lr"]
 
     def schedule(self) -> Schedule:
         """The :class:`tinytf.schedule.Schedule` of this (resolved) config."""
         if self.lr_schedule == "noam":
             return Schedule("noam", self.warmup, factor=self.lr_factor,
-                            d_model=self._preset_d_model())
+                            d_model=self._model_value("d_model"))
         return Schedule(self.lr_schedule, self.warmup, peak=self.lr)
 
     def schedule_warning(self) -> str | None:
