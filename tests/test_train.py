@@ -701,13 +701,17 @@ def test_fitted_batch_halves_to_the_floor_while_the_budget_holds_too_few_updates
     assert fitted_max_tokens(512, 10.0, 60.0, 1500) == 512       # already below the floor
 
 
-def test_the_tiny_preset_fits_its_own_batch_not_the_users():
-    """min_updates resolves to the tiny preset's 1,500 when --max-tokens is not given, to 0
-    (off) when it is, and to 0 for the paper's presets; a user's value is kept."""
+def test_the_tiny_preset_fits_its_batch_whoever_chose_it():
+    """min_updates resolves to the tiny preset's 1,500 whether --max-tokens is the preset's or
+    the user's (it is the largest batch the fit keeps), to 0 for the paper's presets; a
+    user's value is kept, and 0 keeps --max-tokens as given."""
     assert TrainConfig().resolved().min_updates == 1500
     assert TrainConfig().resolved().fits_batch()                 # the 10-minute default
-    assert TrainConfig(max_tokens=4096).resolved().min_updates == 0
+    assert TrainConfig(max_tokens=8192).resolved().min_updates == 1500
+    assert TrainConfig(max_tokens=8192).resolved().fits_batch()
     assert TrainConfig(max_tokens=4096, min_updates=800).resolved().min_updates == 800
+    assert not TrainConfig(max_tokens=4096, min_updates=0).resolved().fits_batch()
+    assert not TrainConfig(max_tokens=1024).resolved().fits_batch()  # cannot halve: not timed
     assert TrainConfig(config="base").resolved().min_updates == 0
     assert not TrainConfig(max_steps=100).resolved().fits_batch()  # no time budget
     with pytest.raises(TrainError, match="min_updates"):
@@ -715,19 +719,20 @@ def test_the_tiny_preset_fits_its_own_batch_not_the_users():
 
 
 def test_a_fitted_batch_trains_as_if_the_user_had_chosen_it(data_dir, tmp_path):
-    """A run whose budget is too short for the preset's batch starts with the halved batch,
-    logs why, and its first update equals, bitwise, that of a run given that batch: timing
-    the preset's batches changes no weight and no random state."""
+    """A run whose budget is too short for its --max-tokens (here the user's) starts with the
+    halved batch, logs why and how to keep it, and its first update equals, bitwise, that of
+    a run given that batch: timing the batches changes no weight and no random state."""
     import io
     log = io.StringIO()
-    fitted = trainer.Trainer(_config(data_dir, tmp_path / "fitted", max_tokens=None,
+    fitted = trainer.Trainer(_config(data_dir, tmp_path / "fitted", max_tokens=2048,
                                      min_updates=10**9, max_minutes=1.0), log_stream=log)
     assert fitted.cfg.max_tokens == 1024 and fitted.batches.max_tokens == 1024
     assert "batch: 1,024 tokens, fitted to the budget: a 2,048-token update takes" in \
         log.getvalue()
+    assert "--min-updates 0 keeps 2,048" in log.getvalue()
     given = trainer.Trainer(_config(data_dir, tmp_path / "given", max_tokens=1024,
-                                    max_minutes=1.0), log_stream=open(os.devnull, "w"))
-    assert given.cfg.min_updates == 0
+                                    min_updates=0, max_minutes=1.0),
+                            log_stream=open(os.devnull, "w"))
     for run in (fitted, given):
         run.train_step([next(iter(run.batches))])
     for (name, a), (_, b) in zip(fitted.params, given.params):
@@ -746,6 +751,24 @@ def test_min_updates_on_the_command_line(data_dir, tmp_path, capsys):
     assert code == 0, err
     assert "batch: 2,048 tokens: a 2,048-token update takes about" in err  # steps end first
     assert json.loads(out.strip().splitlines()[-1])["max_tokens"] == 2048
+
+
+def test_a_job_requeued_with_its_first_command_keeps_its_fitted_batch(data_dir, tmp_path,
+                                                                      capsys):
+    """A --max-tokens fitted to the budget is stored with the batch it came from: the same
+    command with --resume auto (a requeued job) continues with the fitted batch, as the
+    run trained, instead of refusing the batch iterator's position."""
+    args = ("--max-minutes", "0.03", "--min-updates", "1000000000", "--max-tokens", "2048",
+            "--resume", "auto")
+    code, out, err = _train_tiny(capsys, data_dir, tmp_path / "r", *args)
+    assert code == 0, err
+    first = json.loads(out.strip().splitlines()[-1])
+    assert first["max_tokens"] == 1024 and "fitted to the budget" in err
+    code, out, err = _train_tiny(capsys, data_dir, tmp_path / "r", *args)
+    assert code == 0, err
+    again = json.loads(out.strip().splitlines()[-1])
+    assert again["max_tokens"] == 1024 and again["steps"] > first["steps"]
+    assert "resuming with changed" not in err and "fitted to the budget" not in err
 
 
 def test_late_dropout_resolves_per_preset_and_is_checked():

@@ -148,6 +148,8 @@ def resumed_config(cfg, given, assignments=()):
     ``cfg.resume`` is "auto" or True: with "auto" and no checkpoint in the run directory
     the result starts a new run (``cfg`` itself, resume off). Giving one of the schedule's
     options replaces all three of them, so the preset's defaults fill in the rest again.
+    The ``--max-tokens`` that the run's batch was fitted from (``fitted_from``) keeps the
+    fitted batch: a job requeued with its first command continues as it trained.
     """
     out = cfg.out or dataclasses.replace(cfg, resume=False).resolved().out
     ckpt = newest_checkpoint(out, with_optim=False)[0] if has_checkpoint(out) else None
@@ -164,6 +166,8 @@ def resumed_config(cfg, given, assignments=()):
         options.update({k: getattr(cfg, k) for k in SCHEDULE_KEYS})
     if "save_interval" in given and "valid_interval" not in given:
         options["valid_interval"] = None
+    if "max_tokens" in given and cfg.max_tokens == options.get("fitted_from"):
+        given = set(given) - {"max_tokens"}   # the --max-tokens the run's batch was fitted from
     options.update({k: getattr(cfg, k) for k in given if k in fields})
     options.update(out=out, resume=True)
     return apply_overrides(TrainConfig(**options), assignments)

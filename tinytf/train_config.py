@@ -45,6 +45,7 @@ class TrainConfig:
     model_overrides: dict = dataclasses.field(default_factory=dict)
     max_tokens: int | None = None     # padded tokens per batch and side, per rank
     min_updates: int | None = None    # with --max-minutes: halve the batch until it fits (0: off)
+    fitted_from: int | None = None    # the --max-tokens that max_tokens was fitted from
     update_freq: int = 1              # batches accumulated per update
     max_steps: int | None = None      # stop after this many updates (0/None: no limit)
     max_minutes: float | None = None  # stop after this wall time (0/None: no limit)
@@ -96,8 +97,8 @@ class TrainConfig:
         defaults = self.preset_defaults()
         cfg = dataclasses.replace(self, model_overrides=dict(self.model_overrides))
         cfg._resolve_schedule(defaults)
-        if cfg.min_updates is None:     # the preset fits its own batch, never the user's
-            cfg.min_updates = defaults["min_updates"] if cfg.max_tokens is None else 0
+        if cfg.min_updates is None:     # --max-tokens is the largest batch the fit may keep
+            cfg.min_updates = defaults["min_updates"]
         for key, value in defaults.items():
             if getattr(cfg, key) is None and key not in ("lr", "lr_factor"):
                 setattr(cfg, key, value)
@@ -232,8 +233,10 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def fits_batch(self) -> bool:
-        """Whether a new run of this (resolved) config fits its batch to its time budget."""
-        return bool(self.min_updates and self.max_minutes and not self.resume)
+        """Whether a new run of this (resolved) config fits its batch to its time budget (not
+        when the batch is already too small to halve)."""
+        return bool(self.min_updates and self.max_minutes and not self.resume
+                    and self.max_tokens // 2 >= MIN_FITTED_TOKENS)
 
 
 MIN_FITTED_TOKENS = 1024

@@ -186,12 +186,12 @@ class Trainer:
             raise TrainError(str(e)) from None
 
     def _fit_batch_to_budget(self, cfg) -> TrainConfig:
-        """``cfg`` with the batch fitted to the time budget (``--min-updates``: the tiny
-        preset's default when ``--max-tokens`` is not given): a few forward and backward
-        passes at the preset's batch size give the machine's pace, and
+        """``cfg`` with the batch fitted to the time budget (``--min-updates``, the tiny
+        preset's 1,500): a few forward and backward passes at ``--max-tokens`` (the preset's
+        or the user's, the largest batch the fit keeps) give the machine's pace, and
         :func:`~tinytf.train_config.fitted_max_tokens` halves the batch while the budget
-        at that pace holds too few updates. The passes change no weight and no random
-        state; rank 0's measurement decides for every rank."""
+        at that pace holds too few updates (of ``--update-freq`` batches each). The passes
+        change no weight and no random state; rank 0's measurement decides for every rank."""
         probe = self._train_batches(cfg)
         rng = backend.get_rng_state()
         self.model.train()
@@ -204,21 +204,24 @@ class Trainer:
             seconds.append(time.perf_counter() - t0)
         self.optimizer.zero_grad()
         backend.set_rng_state(rng)
-        per_update = float(np.median(seconds[1:] or seconds))   # the first pass allocates
+        # The first pass allocates; an update is update_freq passes.
+        per_update = float(np.median(seconds[1:] or seconds)) * cfg.update_freq
         fitted = self.comm.broadcast_object(fitted_max_tokens(
             cfg.max_tokens, per_update, cfg.max_minutes * 60.0, cfg.min_updates,
             cfg.max_steps or 0))
         updates = cfg.max_minutes * 60.0 / per_update
-        pace = (f"a {cfg.max_tokens:,}-token update takes about {per_update:.2f} s here, so "
+        update = (f"a {cfg.max_tokens:,}-token update" if cfg.update_freq == 1 else
+                  f"an update of {cfg.update_freq} x {cfg.max_tokens:,} tokens")
+        pace = (f"{update} takes about {per_update:.2f} s here, so "
                 f"{cfg.max_minutes:g} minutes hold about {updates:.0f} of them")
-        if fitted != cfg.max_tokens:
-            self.log.info(f"batch: {fitted:,} tokens, fitted to the budget: {pace}, fewer "
-                          f"than --min-updates {cfg.min_updates} (docs/training.md, \"The "
-                          "batch and the budget\"; --max-tokens sets the batch)")
-        else:
+        if fitted == cfg.max_tokens:
             self.log.info(f"batch: {fitted:,} tokens: {pace} (--min-updates "
                           f"{cfg.min_updates})")
-        return dataclasses.replace(cfg, max_tokens=fitted)
+            return cfg
+        self.log.info(f"batch: {fitted:,} tokens, fitted to the budget: {pace}, fewer than "
+                      f"--min-updates {cfg.min_updates} (docs/training.md, \"The batch and the "
+                      f"budget\"; --min-updates 0 keeps {cfg.max_tokens:,})")
+        return dataclasses.replace(cfg, max_tokens=fitted, fitted_from=cfg.max_tokens)
 
     def _restore(self, ckpt):
         """Continue from ``ckpt`` exactly: parameters, Adam, step, batches, RNG."""

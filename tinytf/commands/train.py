@@ -59,12 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=d.config,
                    help=f"model preset: tiny, small, base, big (default: {d.config})")
     p.add_argument("--max-tokens", type=int, metavar="N",
-                   help="padded tokens per batch and side, per rank")
+                   help="padded tokens per batch and side, per rank (the largest batch: "
+                        "see --min-updates)")
     p.add_argument("--min-updates", type=int, metavar="N",
-                   help="with --max-minutes: time a few batches first and halve the batch "
-                        "(to 1024 tokens at least) while the budget at that pace holds fewer "
-                        "than N updates (default: tiny 1500 when --max-tokens is not given, "
-                        "else 0: off)")
+                   help="with --max-minutes: time a few batches of --max-tokens first and "
+                        "halve the batch (to 1024 tokens at least) while the budget at that "
+                        "pace holds fewer than N updates (default: tiny 1500, the others 0: "
+                        "off; 0 keeps --max-tokens as given)")
     p.add_argument("--update-freq", type=int, default=d.update_freq, metavar="K",
                    help="batches accumulated into one update (default: 1)")
     p.add_argument("--max-steps", type=int, metavar="N",
