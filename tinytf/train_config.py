@@ -236,11 +236,16 @@ class TrainConfig:
         """Whether a new run of this (resolved) config fits its batch to its time budget (not
         when the batch is already too small to halve)."""
         return bool(self.min_updates and self.max_minutes and not self.resume
-                    and self.max_tokens // 2 >= MIN_FITTED_TOKENS)
+                    and can_halve(self.max_tokens))
 
 
 MIN_FITTED_TOKENS = 1024
 """The smallest batch that fitting a batch to a budget chooses (docs/training.md)."""
+
+
+def can_halve(max_tokens: int) -> bool:
+    """Whether fitting may halve a batch of ``max_tokens``: not below MIN_FITTED_TOKENS."""
+    return max_tokens // 2 >= MIN_FITTED_TOKENS
 
 
 def fitted_max_tokens(max_tokens: int, seconds_per_update: float, budget_seconds: float,
@@ -254,7 +259,7 @@ def fitted_max_tokens(max_tokens: int, seconds_per_update: float, budget_seconds
     a thousand updates the tiny model is short of updates rather than of tokens
     (docs/training.md, "The batch and the budget")."""
     tokens, updates = max_tokens, budget_seconds / max(seconds_per_update, 1e-9)
-    while (updates < min_updates and tokens // 2 >= MIN_FITTED_TOKENS
+    while (updates < min_updates and can_halve(tokens)
            and not (max_steps and max_steps <= updates)):
         tokens, updates = tokens // 2, updates * 2
     return tokens
