@@ -3,6 +3,7 @@
     python bench/bpe.py                 # shipped corpus and a >= 5 MB corpus built on the fly
     python bench/bpe.py --quick         # shipped corpus only
     python bench/bpe.py --vocab-size 8000 --repeats 3
+    python bench/bpe.py --synthetic-mb 100   # and a synthetic corpus of about 100 MB
 
 For each corpus, with the same input file for both tools:
 
@@ -31,6 +32,7 @@ import importlib.util
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -142,8 +144,22 @@ def concat(paths, out, transforms=(lambda s: s,)):
     return n, os.path.getsize(out)
 
 
-def build_corpora(tmp, quick):
-    """[(name, learn file, encode file)] for the shipped corpus and the >= 5 MB one."""
+def build_synthetic(tmp, megabytes):
+    """A file of about `megabytes` MB: both sides of `bench/data_scale.py`'s synthetic pairs
+    (each line 1 to 4 shipped sentences, three in ten after a made-up name)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from data_scale import build_corpus
+    pairs = int(megabytes * 1e6 / 254)  # a pair is about 254 bytes, both sides
+    build_corpus(pairs, os.path.join(tmp, "synthetic"))
+    out = os.path.join(tmp, f"synthetic-{megabytes:g}mb.txt")
+    concat([os.path.join(tmp, "synthetic", f"train.{lang}") for lang in ("en", "de")], out)
+    shutil.rmtree(os.path.join(tmp, "synthetic"))
+    return out
+
+
+def build_corpora(tmp, quick, synthetic_mb=None):
+    """[(name, learn file, encode file)] for the shipped corpus, the >= 5 MB one and, with
+    `synthetic_mb`, a synthetic one of that size."""
     sentences = [os.path.join(DATA, f"{split}.{lang}") for split in ("train", "dev", "test")
                  for lang in ("en", "de")]
     for path in sentences:
@@ -164,6 +180,10 @@ def build_corpora(tmp, quick):
             sys.exit(f"{big}: only {size} bytes, the large corpus must be >= 5 MB")
         corpora.append(("large: all data/ende files + lower-cased copy, learn and encode it",
                         big, big))
+    if synthetic_mb:
+        path = build_synthetic(tmp, synthetic_mb)
+        corpora.append((f"synthetic {synthetic_mb:g} MB: bench/data_scale.py's pairs, both "
+                        "sides, learn and encode it", path, path))
     return corpora
 
 
@@ -247,6 +267,9 @@ def main():
     parser.add_argument("--learn-repeats", type=int, default=1,
                         help="runs per learn measurement (default 1: subword-nmt is slow)")
     parser.add_argument("--quick", action="store_true", help="shipped corpus only")
+    parser.add_argument("--synthetic-mb", type=float, metavar="MB",
+                        help="also a synthetic corpus of about MB megabytes (bench/data_scale.py's "
+                        "pairs: shipped sentences joined, made-up names)")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -259,7 +282,8 @@ def main():
     with tempfile.TemporaryDirectory(prefix="bench-bpe-") as tmp:
         ok = all([bench(name, learn, encode, args.vocab_size, args.repeats, args.learn_repeats,
                         tmp)
-                  for name, learn, encode in build_corpora(tmp, args.quick)])
+                  for name, learn, encode in build_corpora(tmp, args.quick,
+                                                           args.synthetic_mb)])
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
     sys.exit(0 if ok else 1)
 
