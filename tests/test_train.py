@@ -727,7 +727,7 @@ def test_a_fitted_batch_trains_as_if_the_user_had_chosen_it(data_dir, tmp_path):
     fitted = trainer.Trainer(_config(data_dir, tmp_path / "fitted", max_tokens=2048,
                                      min_updates=10**9, max_minutes=1.0), log_stream=log)
     assert fitted.cfg.max_tokens == 1024 and fitted.batches.max_tokens == 1024
-    assert "batch: 1,024 tokens, fitted to the budget: a 2,048-token update takes" in \
+    assert "batch: 1,024 tokens, fitted to the budget: an update of 2,048 tokens takes" in \
         log.getvalue()
     assert "--min-updates 0 keeps 2,048" in log.getvalue()
     given = trainer.Trainer(_config(data_dir, tmp_path / "given", max_tokens=1024,
@@ -749,7 +749,7 @@ def test_min_updates_on_the_command_line(data_dir, tmp_path, capsys):
                                  "--max-steps", "2", "--min-updates", "3", "--max-tokens",
                                  "2048")
     assert code == 0, err
-    assert "batch: 2,048 tokens: a 2,048-token update takes about" in err  # steps end first
+    assert "batch: 2,048 tokens: an update of 2,048 tokens takes about" in err  # steps end first
     assert json.loads(out.strip().splitlines()[-1])["max_tokens"] == 2048
 
 

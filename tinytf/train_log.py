@@ -10,6 +10,13 @@ import sys
 import time
 
 
+def count_of(n, unit: str) -> str:
+    """``"1 minute"``, ``"2.5 minutes"``, ``"1,000 steps"``: a number and its unit, plural
+    unless the number is 1."""
+    number = f"{n:,}" if isinstance(n, int) else f"{n:g}"
+    return f"{number} {unit}{'' if n == 1 else 's'}"
+
+
 def format_seconds(seconds: float) -> str:
     """``1h02m03s`` / ``2m03s`` / ``7s``."""
     if seconds is None or not math.isfinite(seconds):
@@ -132,9 +139,9 @@ def log_run_start(log: Logger, cfg, mc, data, step: int, *, parameters: int, ran
              f"{cfg.train_max_len} tokens and {data.n_skipped_empty} with an empty side "
              f"skipped), {dev_pairs:,} dev pairs; {batches} batches of <= {cfg.max_tokens} "
              f"tokens per epoch, update_freq {cfg.update_freq}")
-    limits = [f"{cfg.max_steps} steps" if cfg.max_steps else "",
-              f"{cfg.max_minutes:g} minutes" if cfg.max_minutes else "",
-              f"{cfg.max_epochs} epochs" if cfg.max_epochs else ""]
+    limits = [count_of(cfg.max_steps, "step") if cfg.max_steps else "",
+              count_of(cfg.max_minutes, "minute") if cfg.max_minutes else "",
+              count_of(cfg.max_epochs, "epoch") if cfg.max_epochs else ""]
     log.info(f"schedule: {schedule.describe()}; stop after "
              f"{' or '.join(x for x in limits if x)}")
     if cfg.dropout_from_epoch > 1 and mc.dropout > 0:

@@ -56,8 +56,8 @@ from .stop_signals import StopSignals
 # (TrainConfig and apply_overrides are also re-exported: callers import them from here.)
 from .train_config import (BPE_FILE, TrainConfig, TrainError, apply_overrides,  # noqa: F401
                            fitted_max_tokens, model_config_for)
-from .train_log import (Logger, format_seconds, log_run_start, log_validation, log_window,
-                        write_run_config)
+from .train_log import (Logger, count_of, format_seconds, log_run_start, log_validation,
+                        log_window, write_run_config)
 from .train_progress import Progress
 from .transformer import Transformer, label_smoothed_loss
 from .workers import thread_budget
@@ -210,10 +210,10 @@ class Trainer:
             cfg.max_tokens, per_update, cfg.max_minutes * 60.0, cfg.min_updates,
             cfg.max_steps or 0))
         updates = cfg.max_minutes * 60.0 / per_update
-        update = (f"a {cfg.max_tokens:,}-token update" if cfg.update_freq == 1 else
-                  f"an update of {cfg.update_freq} x {cfg.max_tokens:,} tokens")
-        pace = (f"{update} takes about {per_update:.2f} s here, so "
-                f"{cfg.max_minutes:g} minutes hold about {updates:.0f} of them")
+        size = (f"{cfg.max_tokens:,}" if cfg.update_freq == 1 else
+                f"{cfg.update_freq} x {cfg.max_tokens:,}")
+        pace = (f"an update of {size} tokens takes about {per_update:.2f} s here: about "
+                f"{updates:.0f} in {count_of(cfg.max_minutes, 'minute')}")
         if fitted == cfg.max_tokens:
             self.log.info(f"batch: {fitted:,} tokens: {pace} (--min-updates "
                           f"{cfg.min_updates})")
