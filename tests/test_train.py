@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tinytf import checkpoint, evaluate, pipelined, trainer
+from tinytf.train_log import count_of
 from tinytf.train_progress import Progress
 from tinytf.trainer import TrainConfig, TrainError, apply_overrides
 
@@ -821,3 +822,13 @@ def test_late_dropout_trains_without_dropout_until_its_epoch_and_resumes_bitwise
     straight = checkpoint.load(tmp_path / f"late{per_epoch + 2}" / checkpoint.LAST)
     for name in straight.model:
         assert straight.model[name].tobytes() == resumed.model[name].tobytes(), name
+
+
+def test_count_of_is_singular_only_for_one():
+    """The log's limits and paces: "1 minute", not "1 minutes"; thousands grouped."""
+    assert count_of(1, "minute") == "1 minute"
+    assert count_of(1.0, "minute") == "1 minute"
+    assert count_of(2.5, "minute") == "2.5 minutes"
+    assert count_of(10.0, "minute") == "10 minutes"
+    assert count_of(100000, "step") == "100,000 steps"
+    assert count_of(1, "epoch") == "1 epoch"
