@@ -184,6 +184,22 @@ def test_stopping_rule_saves_steps():
     assert len(calls) < 40
 
 
+def test_first_step_runs_one_row_per_sentence():
+    """Step 0 extends the empty prefix once per sentence; later steps run the full beams."""
+    score_fn = random_scorer(10, eos_bias=-3.0)
+    calls = []
+    step = prefix_step(score_fn)
+
+    def counting_step(tokens, state):
+        calls.append(len(tokens))
+        return step(tokens, state)
+
+    beam_search(counting_step, PrefixState.start(np.arange(3)), 3, [6, 6, 6], beam_size=4,
+                stop_early=False)
+    assert calls[0] == 3
+    assert calls[1:] and all(n % 4 == 0 and 0 < n <= 12 for n in calls[1:])
+
+
 def exhaustive_best(score_fn, vocab, max_len, alpha):
     """Best normalised score over every sentence of at most ``max_len`` real tokens."""
     best = None

@@ -10,7 +10,8 @@ that scores the next token of N prefixes and advances ``state`` by one position,
 
 (``Transformer.decode_step`` and ``DecoderState.select`` are such a pair; so is the small Markov
 scorer in ``tests/test_search.py``). Every sentence owns ``beam_size`` consecutive rows of the
-state; all sentences advance together, so one model call per step serves the whole batch.
+state (one at step 0, the empty prefix); all sentences advance together, so one model call per
+step serves the whole batch.
 
 The beam (see docs/decoding.md):
 
@@ -179,22 +180,27 @@ def beam_search(
     max_lens = np.asarray(max_lens, dtype=np.int64).reshape(batch_size)
     results = [_NBest(nbest) for _ in range(batch_size)]
     active = np.arange(batch_size)  # sentences still searching, in row order
-    state = state.select(np.repeat(active, k))
-    tokens = np.full(batch_size * k, bos_id, dtype=np.int64)  # last token of every row
-    history = np.zeros((batch_size * k, 0), dtype=np.int64)  # generated tokens of every row
-    scores = np.full((batch_size, k), NEG_INF, dtype=np.float32)
-    scores[:, 0] = 0.0  # one live hypothesis (the empty prefix) per sentence; the rest are empty
+    # Step 0 extends one hypothesis per sentence, the empty prefix, so the state keeps its
+    # one row per sentence for it; the top-k of that step then fills the beam's k rows.
+    width = 1  # rows per sentence: 1 at step 0, k after it
+    tokens = np.full(batch_size, bos_id, dtype=np.int64)  # last token of every row
+    history = np.zeros((batch_size, 0), dtype=np.int64)  # generated tokens of every row
+    scores = np.zeros((batch_size, 1), dtype=np.float32)  # log-probability of every row
 
     for step in range(int(max_lens.max(initial=0)) + 1):
         if len(active) == 0:
             break
-        log_probs = step_fn(tokens, state)  # (n*k, V)
+        log_probs = step_fn(tokens, state)  # (n * width, V)
         xp = get_array_module(log_probs)
         n, vocab = len(active), log_probs.shape[-1]
-        cand = xp.asarray(scores)[:, :, None] + log_probs.reshape(n, k, vocab)  # (n, k, V)
+        cand = xp.asarray(scores)[:, :, None] + log_probs.reshape(n, width, vocab)
         _ban_and_force(cand, step, max_lens[active], eos_id, banned_ids)
-        flat_idx, vals = top_k_by_bound(cand.reshape(n, k * vocab), k)  # (n, k), best first
-        parent = np.arange(n)[:, None] * k + flat_idx // vocab  # row each extension comes from
+        cand = cand.reshape(n, width * vocab)
+        if width * vocab < k:  # fewer candidates than the beam (a toy vocabulary)
+            cand = xp.concatenate([cand, xp.full((n, k - width * vocab), NEG_INF, cand.dtype)], 1)
+        flat_idx, vals = top_k_by_bound(cand, k)  # (n, k), best first
+        # The row each extension comes from (a padded column's, never alive, from the last)
+        parent = np.arange(n)[:, None] * width + np.minimum(flat_idx // vocab, width - 1)
         alive = np.isfinite(vals)
         # A dead extension (-inf: the sentence has fewer live candidates than the beam) is
         # fed <s>, a token every step function takes; it never becomes a hypothesis.
@@ -229,6 +235,7 @@ def beam_search(
         history = np.concatenate([history[rows], token[keep].reshape(-1, 1)], axis=1)
         tokens = token[keep].reshape(-1)
         scores = scores[keep]
+        width = k
         if len(active):
             state = state.select(rows)
     return [r.items for r in results]
