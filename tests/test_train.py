@@ -824,6 +824,64 @@ def test_late_dropout_trains_without_dropout_until_its_epoch_and_resumes_bitwise
         assert straight.model[name].tobytes() == resumed.model[name].tobytes(), name
 
 
+def test_budget_epochs():
+    """Passes over the data in a budget: updates x update_freq / batches, capped by
+    max_epochs; None when nothing bounds them."""
+    from tinytf.train_config import budget_epochs
+    assert budget_epochs(2680, 1, 98) == pytest.approx(27.35, abs=0.01)
+    assert budget_epochs(100, 2, 50) == 4.0
+    assert budget_epochs(100, 2, 50, max_epochs=3) == 3
+    assert budget_epochs(None, 1, 50, max_epochs=3) == 3
+    assert budget_epochs(None, 1, 50) is None
+
+
+def test_late_dropout_gives_way_to_a_long_budget(data_dir, tmp_path):
+    """The tiny preset's late dropout becomes dropout from the first epoch where the budget
+    holds full_dropout_epochs (20) epochs or more: by --max-steps, by --max-minutes at the
+    measured pace, capped by --max-epochs; a user's dropout_from_epoch is kept whatever
+    the budget, and a resumed run keeps what its start chose."""
+    import io
+    preset_dropout = [x for x in TINY if not x.startswith("dropout_from_epoch")]
+
+    def start(out, *overrides, **kw):
+        cfg = apply_overrides(TrainConfig(data=data_dir, out=str(tmp_path / out), seed=3,
+                                          vocab_size=300, max_tokens=200, save_interval=1000,
+                                          **kw), [*preset_dropout, *overrides])
+        log = io.StringIO()
+        t = trainer.Trainer(cfg, log_stream=log)
+        return t, log.getvalue()
+
+    probe, _ = start("probe", max_steps=1)
+    per_epoch = len(probe.batches)
+    assert probe.cfg.full_dropout_epochs == 20 and probe.cfg.dropout_from_epoch == 5
+    probe.close()
+    for out, kw, first in (("long", dict(max_steps=20 * per_epoch), 1),
+                           ("short", dict(max_steps=20 * per_epoch - 1), 5),
+                           ("timed", dict(max_minutes=10_000, min_updates=0), 1),
+                           ("capped", dict(max_minutes=10_000, max_epochs=19), 5)):
+        t, log = start(out, **kw)
+        assert t.cfg.dropout_from_epoch == first, out
+        assert ("dropout: from the first epoch: the budget holds about" in log) == (first == 1)
+        t.close()
+    kept, _ = start("kept", "dropout_from_epoch=5", max_steps=20 * per_epoch)
+    assert kept.cfg.dropout_from_epoch == 5 and kept.cfg.full_dropout_epochs == 0
+    kept.close()
+    # Resumed as train.py resumes (the checkpoint's options): its choice stands, though the
+    # new budget would choose otherwise.
+    from tinytf.run_dir import resumed_config
+    t, _ = start("resumed", max_steps=20 * per_epoch)
+    t.cfg = dataclasses.replace(t.cfg, max_steps=2)
+    t.train()
+    cfg = resumed_config(TrainConfig(data=data_dir, out=str(tmp_path / "resumed"), resume=True,
+                                     max_steps=4), given={"max_steps"}).resolved()
+    log = io.StringIO()
+    again = trainer.Trainer(cfg, log_stream=log)
+    assert again.cfg.dropout_from_epoch == 1 and again.step == 2
+    assert "dropout: from the first epoch" not in log.getvalue()
+    assert "resuming with changed" not in log.getvalue()
+    again.close()
+
+
 def test_count_of_is_singular_only_for_one():
     """The log's limits and paces: "1 minute", not "1 minutes"; thousands grouped."""
     assert count_of(1, "minute") == "1 minute"

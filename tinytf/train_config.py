@@ -71,6 +71,7 @@ class TrainConfig:
     valid_samples: int = 3            # sample translations logged at every validation
     max_bad_steps: int = 5            # stop after this many non-finite steps in a row
     dropout_from_epoch: int | None = None  # the model's dropout acts from this epoch on (1: all)
+    full_dropout_epochs: int | None = None  # a budget of this many epochs or more: from epoch 1
     max_epochs: int | None = None     # stop after this many passes over the training data
     patience: int = 0                 # stop after N validations without a better best_metric
     best_metric: str = "loss"         # checkpoint_best.npz and patience: dev "loss" or "bleu"
@@ -83,13 +84,15 @@ class TrainConfig:
         # it only in runs of over 13,333), then decay to zero at its end; 2,048-token
         # batches, halved (to 1,024 at least) where the machine's pace gives a time budget
         # fewer than 1,500 updates of them; a 4k BPE (and the tiny preset's pre-LN); the
-        # model's dropout (0.1) only from the 5th epoch on ("late dropout").
+        # model's dropout (0.1) only from the 5th epoch on ("late dropout"), or from the
+        # first where the budget holds 20 epochs or more.
         "tiny": dict(max_tokens=2048, min_updates=1500, lr_schedule="linear", lr=2e-3,
-                     warmup=4000, vocab_size=4000, save_interval=200, dropout_from_epoch=5),
+                     warmup=4000, vocab_size=4000, save_interval=200, dropout_from_epoch=5,
+                     full_dropout_epochs=20),
         # The paper: warmup 4000, factor 1 (its batches held ~25k tokens per side).
         "default": dict(max_tokens=4096, min_updates=0, lr_schedule="noam", lr_factor=1.0,
                         warmup=4000, vocab_size=8000, save_interval=1000,
-                        dropout_from_epoch=1),
+                        dropout_from_epoch=1, full_dropout_epochs=0),
     }
 
     def resolved(self) -> "TrainConfig":
@@ -99,6 +102,8 @@ class TrainConfig:
         cfg._resolve_schedule(defaults)
         if cfg.min_updates is None:     # --max-tokens is the largest batch the fit may keep
             cfg.min_updates = defaults["min_updates"]
+        if cfg.dropout_from_epoch is not None and cfg.full_dropout_epochs is None:
+            cfg.full_dropout_epochs = 0     # the user's dropout_from_epoch, whatever the budget
         for key, value in defaults.items():
             if getattr(cfg, key) is None and key not in ("lr", "lr_factor"):
                 setattr(cfg, key, value)
@@ -223,7 +228,7 @@ class TrainConfig:
         if self.best_metric not in ("loss", "bleu"):
             raise TrainError(f"--best-metric {self.best_metric!r}: choose loss or bleu")
         for key in ("max_steps", "max_minutes", "min_updates", "clip_norm", "keep_last",
-                    "max_epochs",
+                    "max_epochs", "full_dropout_epochs",
                     "patience", "valid_bleu_sentences", "valid_samples", "test_beam"):
             if getattr(self, key) is not None and getattr(self, key) < 0:
                 raise TrainError(f"{key} must not be negative, got {getattr(self, key)}")
@@ -263,6 +268,16 @@ def fitted_max_tokens(max_tokens: int, seconds_per_update: float, budget_seconds
            and not (max_steps and max_steps <= updates)):
         tokens, updates = tokens // 2, updates * 2
     return tokens
+
+
+def budget_epochs(updates: float | None, update_freq: int, batches_per_epoch: int,
+                  max_epochs: int | None = None) -> float | None:
+    """The passes over the training data that a budget of ``updates`` updates (None: not
+    known) of ``update_freq`` batches holds, at most ``max_epochs``; None if neither."""
+    epochs = [updates * update_freq / max(batches_per_epoch, 1)] if updates else []
+    if max_epochs:
+        epochs.append(max_epochs)
+    return min(epochs) if epochs else None
 
 
 def _parse_value(text: str, current, key: str):

@@ -55,7 +55,7 @@ from .run_dir import (changed_on_resume, checkpoint_to_resume, claim_run_dir, da
 from .stop_signals import StopSignals
 # (TrainConfig and apply_overrides are also re-exported: callers import them from here.)
 from .train_config import (BPE_FILE, TrainConfig, TrainError, apply_overrides,  # noqa: F401
-                           fitted_max_tokens, model_config_for)
+                           budget_epochs, fitted_max_tokens, model_config_for)
 from .train_log import (Logger, count_of, format_seconds, log_run_start, log_validation,
                         log_window, write_run_config)
 from .train_progress import Progress
@@ -149,14 +149,20 @@ class Trainer:
         # policy; a loss scaler only for fp16 (a pass-through otherwise).
         self.policy = amp.Policy(cfg.precision)
         self.scaler = amp.DynamicLossScaler(enabled=self.policy.loss_scaling)
+        per_update = None   # seconds per update at cfg.max_tokens, where measured
+        if cfg.max_minutes and not cfg.resume and (cfg.fits_batch() or self._drops_late(cfg)):
+            per_update = self._pace(cfg)
         if cfg.fits_batch():
-            self.cfg = cfg = self._fit_batch_to_budget(cfg)
+            self.cfg = cfg = self._fit_batch_to_budget(cfg, per_update)
+            per_update *= cfg.max_tokens / (cfg.fitted_from or cfg.max_tokens)
 
         # Dev pairs longer than a batch cannot be scored for loss (BLEU still sees them).
         self.dev_data = ParallelCorpus(*self.dev_lines, self.bpe,
                                        min(self.model_cfg.max_len, cfg.max_tokens),
                                        name=f"{paths['dev'][0]} / {paths['dev'][1]}")
         self.batches = self._train_batches(cfg)
+        if not cfg.resume and self._drops_late(cfg):
+            self.cfg = cfg = self._dropout_for_budget(cfg, per_update)
 
         self.step = 0           # updates applied
         self.bad_in_a_row = 0
@@ -185,13 +191,10 @@ class Trainer:
         except ValueError as e:
             raise TrainError(str(e)) from None
 
-    def _fit_batch_to_budget(self, cfg) -> TrainConfig:
-        """``cfg`` with the batch fitted to the time budget (``--min-updates``, the tiny
-        preset's 1,500): a few forward and backward passes at ``--max-tokens`` (the preset's
-        or the user's, the largest batch the fit keeps) give the machine's pace, and
-        :func:`~tinytf.train_config.fitted_max_tokens` halves the batch while the budget
-        at that pace holds too few updates (of ``--update-freq`` batches each). The passes
-        change no weight and no random state; rank 0's measurement decides for every rank."""
+    def _pace(self, cfg) -> float:
+        """Seconds per update of ``cfg.max_tokens`` (``update_freq`` batches) on this
+        machine: the median of a few forward and backward passes. The passes change no
+        weight and no random state; rank 0's measurement is every rank's."""
         probe = self._train_batches(cfg)
         rng = backend.get_rng_state()
         self.model.train()
@@ -205,7 +208,15 @@ class Trainer:
         self.optimizer.zero_grad()
         backend.set_rng_state(rng)
         # The first pass allocates; an update is update_freq passes.
-        per_update = float(np.median(seconds[1:] or seconds)) * cfg.update_freq
+        return self.comm.broadcast_object(float(np.median(seconds[1:] or seconds))
+                                          * cfg.update_freq)
+
+    def _fit_batch_to_budget(self, cfg, per_update: float) -> TrainConfig:
+        """``cfg`` with the batch fitted to the time budget (``--min-updates``, the tiny
+        preset's 1,500): at the machine's pace (``per_update`` seconds for an update of
+        ``--max-tokens``, the preset's or the user's, the largest batch the fit keeps)
+        :func:`~tinytf.train_config.fitted_max_tokens` halves the batch while the budget
+        holds too few updates (of ``--update-freq`` batches each)."""
         fitted = self.comm.broadcast_object(fitted_max_tokens(
             cfg.max_tokens, per_update, cfg.max_minutes * 60.0, cfg.min_updates,
             cfg.max_steps or 0))
@@ -213,7 +224,7 @@ class Trainer:
         size = (f"{cfg.max_tokens:,}" if cfg.update_freq == 1 else
                 f"{cfg.update_freq} x {cfg.max_tokens:,}")
         pace = (f"an update of {size} tokens takes about {per_update:.2f} s here: about "
-                f"{updates:.0f} in {count_of(cfg.max_minutes, 'minute')}")
+                f"{updates:,.0f} in {count_of(cfg.max_minutes, 'minute')}")
         if fitted == cfg.max_tokens:
             self.log.info(f"batch: {fitted:,} tokens: {pace} (--min-updates "
                           f"{cfg.min_updates})")
@@ -222,6 +233,33 @@ class Trainer:
                       f"--min-updates {cfg.min_updates} (docs/training.md, \"The batch and the "
                       f"budget\"; --min-updates 0 keeps {cfg.max_tokens:,})")
         return dataclasses.replace(cfg, max_tokens=fitted, fitted_from=cfg.max_tokens)
+
+    def _drops_late(self, cfg) -> bool:
+        """Whether the preset's late dropout may give way to dropout from the first epoch
+        (``full_dropout_epochs``), and the model has dropout at all."""
+        mc = self.model_cfg
+        return bool(cfg.dropout_from_epoch > 1 and cfg.full_dropout_epochs
+                    and max(mc.dropout, mc.attention_dropout, mc.relu_dropout) > 0)
+
+    def _dropout_for_budget(self, cfg, per_update: float | None) -> TrainConfig:
+        """``cfg`` with dropout from the first epoch where the budget holds
+        ``full_dropout_epochs`` passes over the training data or more (the updates of
+        ``--max-steps``, or of ``--max-minutes`` at ``per_update`` seconds each, whichever
+        are fewer, or ``--max-epochs``). Late dropout pays where the budget is mostly first
+        passes; a long one overfits without dropout in its first epochs (docs/training.md,
+        "Late dropout")."""
+        updates = [cfg.max_steps] if cfg.max_steps else []
+        if cfg.max_minutes and per_update:
+            updates.append(cfg.max_minutes * 60.0 / per_update)
+        epochs = budget_epochs(min(updates, default=None), cfg.update_freq, len(self.batches),
+                               cfg.max_epochs)
+        if epochs is None or epochs < cfg.full_dropout_epochs:
+            return cfg
+        self.log.info(f"dropout: from the first epoch: the budget holds about {epochs:.0f} "
+                      f"epochs, at least full_dropout_epochs {cfg.full_dropout_epochs} "
+                      f"(docs/training.md, \"Late dropout\"; --set dropout_from_epoch="
+                      f"{cfg.dropout_from_epoch} keeps late dropout)")
+        return dataclasses.replace(cfg, dropout_from_epoch=1)
 
     def _restore(self, ckpt):
         """Continue from ``ckpt`` exactly: parameters, Adam, step, batches, RNG."""
