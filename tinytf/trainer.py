@@ -216,10 +216,10 @@ class Trainer:
         preset's 1,500): at the machine's pace (``per_update`` seconds for an update of
         ``--max-tokens``, the preset's or the user's, the largest batch the fit keeps)
         :func:`~tinytf.train_config.fitted_max_tokens` halves the batch while the budget
-        holds too few updates (of ``--update-freq`` batches each)."""
-        fitted = self.comm.broadcast_object(fitted_max_tokens(
-            cfg.max_tokens, per_update, cfg.max_minutes * 60.0, cfg.min_updates,
-            cfg.max_steps or 0))
+        holds too few updates (of ``--update-freq`` batches each). Every rank has rank 0's
+        pace (:meth:`_pace`), so every rank fits the same batch."""
+        fitted = fitted_max_tokens(cfg.max_tokens, per_update, cfg.max_minutes * 60.0,
+                                   cfg.min_updates, cfg.max_steps or 0)
         updates = cfg.max_minutes * 60.0 / per_update
         size = (f"{cfg.max_tokens:,}" if cfg.update_freq == 1 else
                 f"{cfg.update_freq} x {cfg.max_tokens:,}")
