@@ -158,7 +158,7 @@ def main(args):
           f"batch {args.batch_size}", flush=True)
     print(f"python {platform.python_version()}, numpy {np.__version__}, "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}, "
-          f"{args.threads} threads", flush=True)
+          f"{args.threads} threads, freed memory kept: {tinytf.fast.memory.kept()}", flush=True)
 
     contestants = {"tinytf": lambda b: decode_tinytf(translator, b, options)}
     if not args.no_torch:

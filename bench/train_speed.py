@@ -400,7 +400,8 @@ def report(r):
 def main():
     print(f"# threads {ARGS.threads}; numpy {np.__version__} ({blas_info()}); "
           f"torch {torch.__version__ if torch else 'absent'}; "
-          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
+          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}; "
+          f"freed memory kept for both frameworks: {tinytf.fast.memory.kept()}")
     import json
     lengths = [None] if ARGS.corpus else [int(n) for n in ARGS.length.split(",")]
     for length in lengths:

@@ -35,7 +35,8 @@ to one thread; ``FusedAdam`` updates the CPU's flat buffers the same way.
 ops everywhere; ``tests/test_fast.py`` proves a whole Transformer step equal either way.
 The other fast paths, outside the op table: :mod:`tinytf.kernels` (the CUDA source and its
 wrappers), :mod:`tinytf.amp` (mixed precision), :mod:`tinytf.cuda_graph` (step replay),
-and the flat-buffer Adam in :mod:`tinytf.optim`.
+the flat-buffer Adam in :mod:`tinytf.optim`, and :mod:`tinytf.fast.memory` (glibc keeps
+freed memory for the next step; ``TINYTF_KEEP_MEMORY=0`` leaves malloc as it is).
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ from .cpu import BlockedCrossEntropy, FlatIndexEmbedding
 from .cuda import (CublasMatMul, FusedAttention, FusedCrossEntropy, FusedDropout,
                    FusedDropoutAdd, FusedLayerNorm, FusedLinear, FusedLogSoftmax, FusedReLU,
                    FusedSoftmax)
+from .memory import keep_by_default
 from .optim import FusedAdam
 
 __all__ = ["FAST_OPS", "set_enabled", "enabled", "BlockedCrossEntropy", "FlatIndexEmbedding",
@@ -93,3 +95,4 @@ def enabled() -> bool:
 
 
 set_enabled(os.environ.get("TINYTF_FAST", "1") != "0")
+keep_by_default()   # glibc keeps freed memory for the next step (tinytf.fast.memory)
