@@ -73,7 +73,7 @@ class WordArray:
         """The positions that hold pair `n` now; of a run of overlapping ones (``a == b``)
         every other one, left to right."""
         listed = self.listed[self.batch[n]][self.lo[n]:self.hi[n]]
-        pos = listed[np.flatnonzero(self.pair[listed] == n)]  # faster than a boolean index
+        pos = listed[(self.pair[listed] == n).nonzero()[0]]  # faster than a boolean index
         if self.left[n] == self.right[n] and len(pos) > 1:
             pos = np.sort(pos)
             right = self.nxt[pos]
@@ -102,8 +102,8 @@ class WordArray:
         # The left pair (x, a) changes unless x is the b of an occurrence merged now (then
         # the occurrence before changed the pair between them as its right pair). Where
         # x is -1, end[-1] is read and masked off.
-        with_left = np.flatnonzero((x >= 0) & ~self.end[x])
-        with_right = np.flatnonzero(y >= 0)
+        with_left = ((x >= 0) & ~self.end[x]).nonzero()[0]
+        with_right = (y >= 0).nonzero()[0]
         xl, at, yr = x[with_left], pos[with_right], y[with_right]
         made_f = np.concatenate((f[with_left], f[with_right]))
         # (x, a) and (b, y) are gone; (x, new) and (new, y) are made ((new, new) where y is
@@ -214,16 +214,16 @@ class WordArray:
         ~5x faster than its stable one on 20k-200k keys."""
         if not len(keys):
             return keys
-        order = np.argsort(keys)
+        order = keys.argsort()
         keys, at, f = keys[order], at[order], f[order]
         run_start = np.empty(len(keys), dtype=bool)
         run_start[0] = True
         np.not_equal(keys[1:], keys[:-1], out=run_start[1:])
-        starts = np.flatnonzero(run_start)
+        starts = run_start.nonzero()[0]
         first, end = self.pairs, self.pairs + len(starts)
         self._reserve(end)
         self.pairs = end
-        number = np.cumsum(run_start)
+        number = run_start.cumsum()
         number += first - 1
         self.pair[at] = number
         self.lo[first:end] = starts
