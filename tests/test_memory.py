@@ -1,5 +1,6 @@
 """tinytf.fast.memory: freed arrays are reused by the next step instead of page-faulting."""
 import os
+import platform
 import subprocess
 import sys
 
@@ -7,8 +8,7 @@ import pytest
 
 from tinytf.fast import memory
 
-glibc = pytest.mark.skipif(not (sys.platform.startswith("linux")
-                                and os.confstr("CS_GNU_LIBC_VERSION")),
+glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc",
                            reason="mallopt's thresholds are glibc's")
 
 # A step's pattern: ten 4 MB arrays written, then all freed; the page faults of the last

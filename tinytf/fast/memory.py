@@ -47,7 +47,7 @@ def keep_freed_memory() -> bool:
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the process's own C library
-    except (OSError, AttributeError):       # musl and others have no mallopt
+    except (OSError, AttributeError):       # a C library without mallopt
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     _kept = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and \
