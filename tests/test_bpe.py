@@ -303,12 +303,14 @@ def test_incremental_learner_matches_full_recount_on_repeats(lines, min_frequenc
 
 
 @pytest.mark.parametrize("few", [0, 4, 10**9])
-def test_array_learner_equals_sequential(sample, few, monkeypatch):
+@pytest.mark.parametrize("min_frequency", [1, 3])
+def test_array_learner_equals_sequential(sample, few, min_frequency, monkeypatch):
     """Every merge by NumPy (few=0), every merge in Python (10**9), or both: the merges of
-    the sequential `learn_merges`, on real text."""
+    the sequential `learn_merges`, on real text. At ``min_frequency=3`` many pairs are made
+    too rarely to be merged (`learn_array.DEAD`) and wait outside the heap."""
     from tinytf.text import learn, learn_array
     monkeypatch.setattr(learn_array, "FEW", few)
-    array = BPE.learn(sample[:1500], vocab_size=1200, min_frequency=1)
+    array = BPE.learn(sample[:1500], vocab_size=1200, min_frequency=min_frequency)
 
     def sequential_loop(words, freqs, *rest):  # learn_bpe's arrays as lists
         symbols, lengths = words
@@ -317,7 +319,7 @@ def test_array_learner_equals_sequential(sample, few, monkeypatch):
         return learn.learn_merges(lists, freqs.tolist(), *rest)
 
     monkeypatch.setattr(learn, "learn_merges_array", sequential_loop)
-    sequential = BPE.learn(sample[:1500], vocab_size=1200, min_frequency=1)
+    sequential = BPE.learn(sample[:1500], vocab_size=1200, min_frequency=min_frequency)
     assert len(array.merges) > 800 and array.merges == sequential.merges
 
 

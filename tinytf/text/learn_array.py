@@ -27,15 +27,22 @@ both as in the sequential loop:
 * **overlapping occurrences** when ``a == b``: ``a a a -> aa a``, left to right, so of a run
   of occurrences every other one is merged.
 
-The lazy heap of ``(-count, left piece, right piece, pair)`` is `learn_merges`'s; Python
-touches only the pairs a merge makes (to push them) and nothing per occurrence.
+The lazy heap of ``(-count, left piece, right piece, pair)`` is `learn_merges`'s, with a
+waiting room for the many pairs counted too low to be merged soon (`PairQueue`); Python
+touches only the pairs a merge makes (to queue them) and nothing per occurrence. A pair
+made in a merge of a few words (`WordArray.merge_few`) with a count below ``min_frequency``
+can never be merged: it is not numbered, and its positions hold ``DEAD`` instead.
 """
 import heapq
+from collections import defaultdict
 from itertools import chain, compress
 
 import numpy as np
 
 from tinytf.text.merges import MASK, SHIFT, add_piece, best_pair
+
+
+DEAD = 0  # the number of every pair made too rarely to be merged (its count is never read)
 
 
 class WordArray:
@@ -65,14 +72,16 @@ class WordArray:
         pos = np.flatnonzero(self.nxt >= 0)
         self.pairs = 0  # pairs numbered so far; the arrays below grow by doubling
         self.left = self.right = self.count = self.batch = self.lo = self.hi = np.zeros(0, int)
+        self._reserve(1)
+        self.pairs = 1  # pair 0 is DEAD
         self._views()
-        self.listed = []  # the positions listed, one array per merge (and one at the start)
+        self.listed = []  # the positions listed, one array or list per merge and at the start
         self._number((self.sym[pos] << SHIFT) | self.sym[self.nxt[pos]], pos, self.freq[pos])
 
     def occurrences(self, n):
         """The positions that hold pair `n` now; of a run of overlapping ones (``a == b``)
         every other one, left to right."""
-        listed = self.listed[self.batch[n]][self.lo[n]:self.hi[n]]
+        listed = np.asarray(self.listed[self.batch[n]][self.lo[n]:self.hi[n]])
         pos = listed[(self.pair[listed] == n).nonzero()[0]]  # faster than a boolean index
         if self.left[n] == self.right[n] and len(pos) > 1:
             pos = np.sort(pos)
@@ -123,7 +132,7 @@ class WordArray:
         pair[pos] = -1  # the pair (new, y), where there is one, is numbered below
         return self._number(made, made_at, made_f)
 
-    def merge_few(self, n, new):
+    def merge_few(self, n, new, min_count=1):
         """`occurrences` and `merge` of pair `n` one occurrence at a time, left to right, in
         Python: faster than NumPy's fixed cost for a merge of a few words. Returns the new
         pairs as ``(number, count, left, right)``.
@@ -133,52 +142,61 @@ class WordArray:
         sym, nxt, prv, pair, freq = self.position_views
         lo, hi, left, right, batch, count = self.pair_views
         a, b = left[n], right[n]
-        listed = self.listed[batch[n]][lo[n]:hi[n]].tolist()
-        made = {}      # pair key -> [count, positions]
-        made_at = {}   # position -> key of the pair made there (the last one counts)
-
-        def make(key, at, f):
-            entry = made.get(key)
-            if entry is None:
-                made[key] = [f, [at]]
-            else:
-                entry[0] += f
-                entry[1].append(at)
-            made_at[at] = key
-
+        listed = self.listed[batch[n]][lo[n]:hi[n]]
+        if not isinstance(listed, list):
+            listed = listed.tolist()
+        made = defaultdict(int)    # key of a pair made -> its count
+        where = defaultdict(list)  # key of a pair made -> the positions where it was made
+        new_left = new << SHIFT
+        twice = []  # positions whose (new, a) became (new, new): "a b a b -> new new"
+        last = -1   # the occurrence merged last
         for p in sorted(compress(listed, map(n.__eq__, map(pair.__getitem__, listed)))):
             q = nxt[p]
             if sym[p] != a or q < 0 or sym[q] != b:  # merged into an overlapping one
                 continue
             x, y, f = prv[p], nxt[q], freq[p]
             if x >= 0:
-                if x in made_at:  # x is the occurrence just before: undo its (new, a)
-                    made[made_at[x]][0] -= f
+                if x == last:  # the occurrence just before: its (new, a) becomes (new, new)
+                    made[new_left | a] -= f
+                    twice.append(x)
+                    key = new_left | new
                 else:
                     count[pair[x]] -= f
-                make((sym[x] << SHIFT) | new, x, f)
+                    key = (sym[x] << SHIFT) | new
+                made[key] += f
+                where[key].append(x)
             if y >= 0:
                 count[pair[q]] -= f
-                make((new << SHIFT) | sym[y], p, f)
+                key = new_left | sym[y]
+                made[key] += f
+                where[key].append(p)
                 prv[y] = p
             sym[p], sym[q], nxt[p], pair[p], pair[q] = new, -1, y, -1, -1
-        keys = [key for key, (c, _) in made.items() if c]
-        first = self.pairs
-        self._reserve(first + len(keys))
-        numbers, positions, pairs = {}, [], []
+            last = p
+        m = self.pairs
+        self._reserve(m + len(made))
         lo, hi, left, right, batch, count = self.pair_views  # _reserve may have grown them
-        for m, key in enumerate(keys, first):
-            c, at = made[key]
-            numbers[key] = m
+        positions, pairs, listing, both = [], [], len(self.listed), DEAD
+        for key, c in made.items():
+            at = where[key]
+            if c < min_count:  # never merged (counts only fall): not numbered
+                for p in at:
+                    pair[p] = DEAD
+                continue
             lo[m] = len(positions)
             positions += at
             hi[m] = len(positions)
-            left[m], right[m], count[m], batch[m] = key >> SHIFT, key & MASK, c, len(self.listed)
+            left[m], right[m], count[m], batch[m] = key >> SHIFT, key & MASK, c, listing
+            for p in at:
+                pair[p] = m
             pairs.append((m, c, key >> SHIFT, key & MASK))
-        self.listed.append(np.array(positions, dtype=np.int64))
-        for at, key in made_at.items():
-            pair[at] = numbers[key]
-        self.pairs = first + len(keys)
+            if key == new_left | new:
+                both = m
+            m += 1
+        for x in twice:  # listed under (new, a) too; (new, new) is the pair there now
+            pair[x] = both
+        self.listed.append(positions)  # a list: most are read only here
+        self.pairs = m
         return pairs
 
     def count_of(self, n):
@@ -237,6 +255,72 @@ class WordArray:
         return np.arange(first, end)
 
 
+class PairQueue:
+    """The pairs to merge, best first: `tinytf.text.merges`'s lazy heap of ``(-count, left
+    piece, right piece, number)`` (`best_pair`), with a waiting room for pairs counted low.
+
+    No pair made in a merge counts more than the pair merged (its occurrences are some of
+    that pair's), so the merged pairs' counts never rise, and most pairs made late are never
+    merged. A pair counted below ``floor`` therefore waits outside the heap, in a heap of
+    plain ints ``-(count << 32 | number)``, cheaper to push than a tuple. The heap holds every
+    pair counted at ``floor`` or more; when its best falls below ``floor``, the floor falls to
+    that count and the pairs waiting at it or above join the heap. `pop` thus returns the
+    pair that the lazy heap alone would."""
+
+    def __init__(self, array, pieces, piece_ids, min_frequency):
+        """Queue the pairs numbered in `array` (a `WordArray`); pieces, piece_ids: the piece
+        strings by id and the ids by string, as `learn_merges` takes them."""
+        self.array, self.pieces, self.piece_ids = array, pieces, piece_ids
+        self.min_frequency = min_frequency
+        self.heap, self.waiting, self.floor = [], [], 0
+        self.add_numbers(np.arange(array.pairs))
+        self.floor = max(-self.heap[0][0], min_frequency) if self.heap else min_frequency
+
+    def add(self, pairs):
+        """Queue new pairs, given as ``(number, count, left id, right id)``; a pair counted
+        below `min_frequency` is never merged and is left out."""
+        heap, waiting, pieces, floor = self.heap, self.waiting, self.pieces, self.floor
+        for n, c, a, b in pairs:
+            if c >= floor:
+                heapq.heappush(heap, (-c, pieces[a], pieces[b], n))
+            elif c >= self.min_frequency:
+                heapq.heappush(waiting, -(c << 32 | n))
+
+    def add_numbers(self, numbers):
+        """`add` the pairs numbered `numbers` (an array), as `array` counts them."""
+        array = self.array
+        numbers = numbers[array.count[numbers] >= self.min_frequency]
+        self.add(zip(numbers.tolist(), array.count[numbers].tolist(),
+                     array.left[numbers].tolist(), array.right[numbers].tolist()))
+
+    def pop(self):
+        """The best pair that may be merged, ``(left piece, right piece, number)``, or None
+        when none of `min_frequency` or more is left."""
+        count_of = self.array.count_of
+        while True:
+            best = best_pair(self.heap, count_of, self.piece_ids, self.min_frequency)
+            count = count_of(best[2]) if best else 0
+            if count >= self.floor or not self.waiting:
+                return best
+            if best:  # a waiting pair may beat it
+                heapq.heappush(self.heap, (-count, *best))
+            self.floor = max(count, self.min_frequency)
+            self._release()
+
+    def _release(self):
+        """Move the waiting pairs counted at `floor` or more (counts only fall: some are
+        counted lower now, and wait again) into the heap."""
+        heap, waiting, pieces, floor = self.heap, self.waiting, self.pieces, self.floor
+        _, _, left, right, _, count = self.array.pair_views
+        while waiting and -waiting[0] >> 32 >= floor:
+            n = -heapq.heappop(waiting) & 0xFFFFFFFF
+            c = count[n]
+            if c >= floor:
+                heapq.heappush(heap, (-c, pieces[left[n]], pieces[right[n]], n))
+            elif c >= self.min_frequency:
+                heapq.heappush(waiting, -(c << 32 | n))
+
+
 FEW = 16  # listed positions up to which a merge is done in Python (`WordArray.merge_few`)
 
 
@@ -247,19 +331,10 @@ def learn_merges_array(words, freqs, pieces, piece_ids, vocab_size, min_frequenc
     positions (default `FEW`) are done by NumPy (`WordArray.merge`), the others in Python."""
     few = FEW if few is None else few
     array = WordArray(words, freqs)
-
-    def entries(numbers):  # heap entries of the pairs `numbers` that may still be merged
-        counts = array.count[numbers]
-        numbers = numbers[counts >= min_frequency]
-        return [(-c, pieces[a], pieces[b], n) for n, c, a, b in zip(
-            numbers.tolist(), array.count[numbers].tolist(), array.left[numbers].tolist(),
-            array.right[numbers].tolist())]
-
-    heap = entries(np.arange(array.pairs))
-    heapq.heapify(heap)
+    queue = PairQueue(array, pieces, piece_ids, min_frequency)
     merges = []
     while len(pieces) < vocab_size:
-        best = best_pair(heap, array.count_of, piece_ids, min_frequency)
+        best = queue.pop()
         if best is None:
             break
         left, right, n = best
@@ -267,11 +342,8 @@ def learn_merges_array(words, freqs, pieces, piece_ids, vocab_size, min_frequenc
         lo, hi, left_of, right_of = array.pair_views[:4]
         merges.append((left_of[n], right_of[n]))
         if hi[n] - lo[n] <= few:
-            made = [(-c, pieces[a], pieces[b], m) for m, c, a, b in array.merge_few(n, new)
-                    if c >= min_frequency]
+            queue.add(array.merge_few(n, new, min_frequency))
         else:
-            made = entries(array.merge(array.occurrences(n), new))
+            queue.add_numbers(array.merge(array.occurrences(n), new))
         array.count[n] = 0  # every occurrence is merged
-        for entry in made:
-            heapq.heappush(heap, entry)
     return merges
