@@ -837,7 +837,7 @@ def test_budget_epochs():
 
 def test_late_dropout_gives_way_to_a_long_budget(data_dir, tmp_path):
     """The tiny preset's late dropout becomes dropout from the first epoch where the budget
-    holds full_dropout_epochs (20) epochs or more: by --max-steps, by --max-minutes at the
+    holds full_dropout_epochs (8) epochs or more: by --max-steps, by --max-minutes at the
     measured pace, capped by --max-epochs; a user's dropout_from_epoch is kept whatever
     the budget, and a resumed run keeps what its start chose."""
     import io
@@ -853,23 +853,24 @@ def test_late_dropout_gives_way_to_a_long_budget(data_dir, tmp_path):
 
     probe, _ = start("probe", max_steps=1)
     per_epoch = len(probe.batches)
-    assert probe.cfg.full_dropout_epochs == 20 and probe.cfg.dropout_from_epoch == 5
+    epochs = probe.cfg.full_dropout_epochs
+    assert epochs == 8 and probe.cfg.dropout_from_epoch == 5
     probe.close()
-    for out, kw, first in (("long", dict(max_steps=20 * per_epoch), 1),
-                           ("short", dict(max_steps=20 * per_epoch - 1), 5),
+    for out, kw, first in (("long", dict(max_steps=epochs * per_epoch), 1),
+                           ("short", dict(max_steps=epochs * per_epoch - 1), 5),
                            ("timed", dict(max_minutes=10_000, min_updates=0), 1),
-                           ("capped", dict(max_minutes=10_000, max_epochs=19), 5)):
+                           ("capped", dict(max_minutes=10_000, max_epochs=epochs - 1), 5)):
         t, log = start(out, **kw)
         assert t.cfg.dropout_from_epoch == first, out
         assert ("dropout: from the first epoch: the budget holds about" in log) == (first == 1)
         t.close()
-    kept, _ = start("kept", "dropout_from_epoch=5", max_steps=20 * per_epoch)
+    kept, _ = start("kept", "dropout_from_epoch=5", max_steps=epochs * per_epoch)
     assert kept.cfg.dropout_from_epoch == 5 and kept.cfg.full_dropout_epochs == 0
     kept.close()
     # Resumed as train.py resumes (the checkpoint's options): its choice stands, though the
     # new budget would choose otherwise.
     from tinytf.run_dir import resumed_config
-    t, _ = start("resumed", max_steps=20 * per_epoch)
+    t, _ = start("resumed", max_steps=epochs * per_epoch)
     t.cfg = dataclasses.replace(t.cfg, max_steps=2)
     t.train()
     cfg = resumed_config(TrainConfig(data=data_dir, out=str(tmp_path / "resumed"), resume=True,

@@ -85,10 +85,10 @@ class TrainConfig:
         # batches, halved (to 1,024 at least) where the machine's pace gives a time budget
         # fewer than 1,500 updates of them; a 4k BPE (and the tiny preset's pre-LN); the
         # model's dropout (0.1) only from the 5th epoch on ("late dropout"), or from the
-        # first where the budget holds 20 epochs or more.
+        # first where the budget holds 8 epochs or more.
         "tiny": dict(max_tokens=2048, min_updates=1500, lr_schedule="linear", lr=2e-3,
                      warmup=4000, vocab_size=4000, save_interval=200, dropout_from_epoch=5,
-                     full_dropout_epochs=20),
+                     full_dropout_epochs=8),
         # The paper: warmup 4000, factor 1 (its batches held ~25k tokens per side).
         "default": dict(max_tokens=4096, min_updates=0, lr_schedule="noam", lr_factor=1.0,
                         warmup=4000, vocab_size=8000, save_interval=1000,

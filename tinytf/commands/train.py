@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a model key (dropout=0.3, pre_norm=true, qk_norm=false, "
                         "...) or a training key without its own option (train_max_len, "
                         "valid_bleu_sentences, test_bleu, max_bad_steps, dropout_from_epoch: "
-                        "tiny 5, others 1; full_dropout_epochs: tiny 20, others 0); "
+                        "tiny 5, others 1; full_dropout_epochs: tiny 8, others 0); "
                         "repeatable")
     return p
 
