@@ -180,19 +180,19 @@ class WordArray:
         for key, c in made.items():
             at = where[key]
             if c < min_count:  # never merged (counts only fall): not numbered
-                for p in at:
-                    pair[p] = DEAD
-                continue
-            lo[m] = len(positions)
-            positions += at
-            hi[m] = len(positions)
-            left[m], right[m], count[m], batch[m] = key >> SHIFT, key & MASK, c, listing
+                number = DEAD
+            else:
+                number, m = m, m + 1
+                lo[number] = len(positions)
+                positions += at
+                hi[number] = len(positions)
+                left[number], right[number] = key >> SHIFT, key & MASK
+                count[number], batch[number] = c, listing
+                pairs.append((number, c, key >> SHIFT, key & MASK))
             for p in at:
-                pair[p] = m
-            pairs.append((m, c, key >> SHIFT, key & MASK))
+                pair[p] = number
             if key == new_left | new:
-                both = m
-            m += 1
+                both = number
         for x in twice:  # listed under (new, a) too; (new, new) is the pair there now
             pair[x] = both
         self.listed.append(positions)  # a list: most are read only here
@@ -255,6 +255,10 @@ class WordArray:
         return np.arange(first, end)
 
 
+NUMBER_BITS = 32  # a waiting pair is the int -(count << NUMBER_BITS | number)
+NUMBER_MASK = (1 << NUMBER_BITS) - 1
+
+
 class PairQueue:
     """The pairs to merge, best first: `tinytf.text.merges`'s lazy heap of ``(-count, left
     piece, right piece, number)`` (`best_pair`), with a waiting room for pairs counted low.
@@ -262,10 +266,10 @@ class PairQueue:
     No pair made in a merge counts more than the pair merged (its occurrences are some of
     that pair's), so the merged pairs' counts never rise, and most pairs made late are never
     merged. A pair counted below ``floor`` therefore waits outside the heap, in a heap of
-    plain ints ``-(count << 32 | number)``, cheaper to push than a tuple. The heap holds every
-    pair counted at ``floor`` or more; when its best falls below ``floor``, the floor falls to
-    that count and the pairs waiting at it or above join the heap. `pop` thus returns the
-    pair that the lazy heap alone would."""
+    plain ints ``-(count << NUMBER_BITS | number)``, cheaper to push than a tuple. The heap
+    holds every pair counted at ``floor`` or more; when its best falls below ``floor``, the
+    floor falls to that count and the pairs waiting at it or above join the heap. `pop` thus
+    returns the pair that the lazy heap alone would."""
 
     def __init__(self, array, pieces, piece_ids, min_frequency):
         """Queue the pairs numbered in `array` (a `WordArray`); pieces, piece_ids: the piece
@@ -284,7 +288,7 @@ class PairQueue:
             if c >= floor:
                 heapq.heappush(heap, (-c, pieces[a], pieces[b], n))
             elif c >= self.min_frequency:
-                heapq.heappush(waiting, -(c << 32 | n))
+                heapq.heappush(waiting, -(c << NUMBER_BITS | n))
 
     def add_numbers(self, numbers):
         """`add` the pairs numbered `numbers` (an array), as `array` counts them."""
@@ -308,17 +312,13 @@ class PairQueue:
             self._release()
 
     def _release(self):
-        """Move the waiting pairs counted at `floor` or more (counts only fall: some are
-        counted lower now, and wait again) into the heap."""
-        heap, waiting, pieces, floor = self.heap, self.waiting, self.pieces, self.floor
+        """Move the waiting pairs counted at `floor` or more into the heap, through `add`
+        (counts only fall: some are counted lower now, and wait again)."""
+        waiting, released = self.waiting, []
+        while waiting and -waiting[0] >> NUMBER_BITS >= self.floor:
+            released.append(-heapq.heappop(waiting) & NUMBER_MASK)
         _, _, left, right, _, count = self.array.pair_views
-        while waiting and -waiting[0] >> 32 >= floor:
-            n = -heapq.heappop(waiting) & 0xFFFFFFFF
-            c = count[n]
-            if c >= floor:
-                heapq.heappush(heap, (-c, pieces[left[n]], pieces[right[n]], n))
-            elif c >= self.min_frequency:
-                heapq.heappush(waiting, -(c << 32 | n))
+        self.add((n, count[n], left[n], right[n]) for n in released)
 
 
 FEW = 16  # listed positions up to which a merge is done in Python (`WordArray.merge_few`)
