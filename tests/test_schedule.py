@@ -133,23 +133,23 @@ def test_resolving_twice_changes_nothing():
 
 
 def test_a_warm_up_far_shorter_than_the_tuned_one_warns_with_the_budget_known():
-    """Without QK-norm, the linear schedule's warm-up, set shorter than the preset's, ending
-    before 15 % of the budget's updates warns; the preset's own warm-up (at its cap, 30 %,
-    or 4,000 in a long run), a long enough one, no known budget, another schedule, or a
-    model with QK-norm (the tiny preset's) do not."""
-    no_qk = {"qk_norm": False}
-    tiny = TrainConfig(model_overrides=no_qk).resolved()
+    """The linear schedule's warm-up, set shorter than the preset's, ending before 15 % of
+    the budget's updates warns, with or without QK-norm; the preset's own warm-up (at its
+    cap, 30 %, or 4,000 in a long run), a long enough one, no known budget or another
+    schedule do not."""
+    tiny = TrainConfig().resolved()
     assert tiny.warmup_warning(1000) is None          # 4000, capped at 300 of 1000
     assert tiny.warmup_warning(100_000) is None       # the preset's 4000 in a long run
-    short = TrainConfig(warmup=100, model_overrides=no_qk).resolved()
+    short = TrainConfig(warmup=100).resolved()        # QK-norm, the tiny preset's
     warning = short.warmup_warning(1900)
     assert "ends after 100 of the budget's about 1900 updates (5%)" in warning
     assert "2.00e-03 was tuned with the warm-up at 30% of the budget" in warning
-    assert "--set qk_norm=true" in warning
+    assert "a longer --warmup, or a lower --lr" in warning and "qk_norm" not in warning
+    no_qk = TrainConfig(warmup=100, model_overrides={"qk_norm": False}).resolved()
+    assert "--set qk_norm=true" in no_qk.warmup_warning(1900)
     assert short.warmup_warning(600) is None           # 100 of 600: 17 %
     assert short.warmup_warning(None) is None
     assert TrainConfig(config="base", warmup=100).resolved().warmup_warning(1900) is None
-    assert TrainConfig(warmup=100).resolved().warmup_warning(1900) is None   # QK-norm
 
 
 def test_expected_updates_is_the_step_or_the_time_budget_whichever_ends_first():
