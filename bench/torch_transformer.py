@@ -74,13 +74,15 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, d_model, d_ff, relu_dropout=0.0):
+    def __init__(self, d_model, d_ff, relu_dropout=0.0, activation="relu"):
         super().__init__()
         self.w_1, self.w_2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
-        self.p = relu_dropout
+        self.p, self.activation = relu_dropout, activation
 
     def forward(self, x):
-        return self.w_2(F.dropout(F.relu(self.w_1(x)), self.p, self.training))
+        h = self.w_1(x)
+        h = F.gelu(h, approximate="tanh") if self.activation == "gelu" else F.relu(h)
+        return self.w_2(F.dropout(h, self.p, self.training))
 
 
 class SublayerConnection(nn.Module):
@@ -99,7 +101,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, True, sdpa,
                                             c.qk_norm, c.eps)
-        self.ffn = FeedForward(c.d_model, c.d_ff, c.relu_dropout)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.relu_dropout, c.activation)
         self.sub1 = SublayerConnection(c.d_model, c.dropout, c.pre_norm, c.eps)
         self.sub2 = SublayerConnection(c.d_model, c.dropout, c.pre_norm, c.eps)
 
@@ -115,7 +117,7 @@ class DecoderLayer(nn.Module):
                                             c.qk_norm, c.eps)
         self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, False,
                                              sdpa, c.qk_norm, c.eps)
-        self.ffn = FeedForward(c.d_model, c.d_ff, c.relu_dropout)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.relu_dropout, c.activation)
         self.sub1 = SublayerConnection(c.d_model, c.dropout, c.pre_norm, c.eps)
         self.sub2 = SublayerConnection(c.d_model, c.dropout, c.pre_norm, c.eps)
         self.sub3 = SublayerConnection(c.d_model, c.dropout, c.pre_norm, c.eps)

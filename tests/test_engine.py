@@ -272,6 +272,7 @@ OPS = {  # name -> (fn of float32 leaves, shapes of the leaves)
     "sqrt": (lambda a: a.sqrt(), [(2, 3)]),
     "tanh": (lambda a: a.tanh(), [(2, 3)]),
     "relu": (lambda a: (a - 1.0).relu(), [(2, 3)]),
+    "gelu": (lambda a: F.gelu(a - 1.0), [(2, 3)]),
     "matmul": (lambda a, b: a @ b, [(2, 2, 3), (3, 4)]),
     "sum": (lambda a: a.sum(axis=1, keepdims=True), [(2, 3)]),
     "mean": (lambda a: a.mean(axis=(0, 1)), [(2, 3)]),

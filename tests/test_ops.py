@@ -114,6 +114,8 @@ UNARY = {  # name: (tinytf op, numpy reference, value range that avoids kinks/po
     "tanh": (lambda x: x.tanh(), np.tanh, (-2.0, 2.0)),
     "relu": (lambda x: x.relu(), lambda a: np.maximum(a, 0), (-2.0, 2.0)),
     "F.relu": (lambda x: F.relu(x), lambda a: np.maximum(a, 0), (-2.0, 2.0)),
+    "F.gelu": (lambda x: F.gelu(x), lambda a: 0.5 * a * (1 + np.tanh(
+        np.sqrt(2 / np.pi) * (a + 0.044715 * a ** 3))), (-4.0, 4.0)),
 }
 
 

@@ -132,6 +132,13 @@ def test_layer_norm(split_everything, dtype, affine):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelu(split_everything, dtype):
+    x = (rng.standard_normal((3, 7, 16)) * 3).astype(dtype)
+    _assert_same(_run(ops.GELU, [x], {}), _run(cpu.RowParallelGELU, [x], {}))
+    assert split_everything == [21, 21]       # forward and backward, by row
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_dropout_add_draws_the_same_mask(split_everything, dtype):
     x = rng.standard_normal((5, 6, 12)).astype(dtype)
     r = rng.standard_normal((5, 6, 12)).astype(dtype)
@@ -200,12 +207,13 @@ def test_blocked_cross_entropy_split_over_threads(split_everything, eps):
     assert split_everything == [5, 300, 5, 300]  # blocks forward, rows backward; twice
 
 
-def _train_steps(n_threads: int):
+def _train_steps(n_threads: int, activation: str = "relu"):
     """Parameters after two Adam steps of a small dropout-on Transformer."""
     threads.set_threads(n_threads)
     backend.manual_seed(3)
     cfg = TransformerConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64,
-                            n_encoder_layers=2, n_decoder_layers=2, dropout=0.1, max_len=64)
+                            n_encoder_layers=2, n_decoder_layers=2, dropout=0.1, max_len=64,
+                            activation=activation)
     model = Transformer(cfg)
     optimizer = fast.adam(list(model.parameters()), lr=1e-3)
     data = np.random.default_rng(1)
@@ -220,8 +228,10 @@ def _train_steps(n_threads: int):
     return {name: p.data.copy() for name, p in model.named_parameters()}
 
 
-def test_a_training_step_is_bitwise_the_same_with_one_or_three_threads(split_everything):
-    one, three = _train_steps(1), _train_steps(3)
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_a_training_step_is_bitwise_the_same_with_one_or_three_threads(
+        split_everything, activation):
+    one, three = _train_steps(1, activation), _train_steps(3, activation)
     assert one.keys() == three.keys()
     for name in one:
         np.testing.assert_array_equal(three[name], one[name], err_msg=name)

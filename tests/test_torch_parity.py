@@ -64,6 +64,15 @@ def test_linear_module_matches_torch_module():
     check(x.grad, xt.grad)
 
 
+def test_gelu_matches_torch_tanh_gelu():
+    rng = np.random.default_rng(2)
+    x, xt = pair(rng.normal(scale=3.0, size=(4, 5)))
+    out, ref = F.gelu(x), TF.gelu(xt, approximate="tanh")
+    check(out, ref)
+    backward_both(out, ref, rng)
+    check(x.grad, xt.grad)
+
+
 @pytest.mark.parametrize("eps", [1e-5, 1e-2])
 def test_layer_norm(eps):
     rng = np.random.default_rng(0)

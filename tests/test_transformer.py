@@ -95,6 +95,8 @@ def test_config_errors_name_the_problem():
         TransformerConfig(d_model=10, n_heads=3)
     with pytest.raises(ValueError, match="dropout"):
         TransformerConfig(dropout=1.5)
+    with pytest.raises(ValueError, match="activation='swish'.*relu, gelu"):
+        TransformerConfig(activation="swish")
 
 
 def test_base_parameter_count():
@@ -304,13 +306,14 @@ def test_label_smoothed_loss_by_hand():
 # gradients
 # ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("pre_norm,qk_norm", [(False, False), (True, False), (True, True)])
-def test_gradcheck_end_to_end_float64(pre_norm, qk_norm):
+@pytest.mark.parametrize("pre_norm,qk_norm,activation", [
+    (False, False, "relu"), (True, False, "relu"), (True, True, "relu"), (True, True, "gelu")])
+def test_gradcheck_end_to_end_float64(pre_norm, qk_norm, activation):
     """Finite differences of the summed smoothed loss w.r.t. every parameter, with dropout."""
     model = to_float64(make_model(vocab_size=11, d_model=8, n_heads=2, d_ff=12,
                                   n_encoder_layers=1, n_decoder_layers=1, dropout=0.1,
                                   attention_dropout=0.1, relu_dropout=0.1, pre_norm=pre_norm,
-                                  qk_norm=qk_norm))
+                                  qk_norm=qk_norm, activation=activation))
     rng = np.random.default_rng(7)
     src, tgt = random_batch(rng, 2, 5, 4, 11)
     gold = np.roll(tgt, -1, axis=1)
@@ -484,9 +487,10 @@ def test_learns_to_reverse_sequences():
 # agreement with PyTorch (optional oracle)
 # ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("pre_norm,sdpa,qk_norm", [(False, False, False), (True, False, False),
-                                                   (False, True, False), (True, True, True)])
-def test_matches_pytorch_float64(pre_norm, sdpa, qk_norm):
+@pytest.mark.parametrize("pre_norm,sdpa,qk_norm,activation", [
+    (False, False, False, "relu"), (True, False, False, "relu"), (False, True, False, "relu"),
+    (True, True, True, "relu"), (True, True, True, "gelu")])
+def test_matches_pytorch_float64(pre_norm, sdpa, qk_norm, activation):
     """Same weights in bench/torch_transformer.py: same logits, loss and gradients."""
     torch = pytest.importorskip("torch")
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
@@ -495,7 +499,7 @@ def test_matches_pytorch_float64(pre_norm, sdpa, qk_norm):
         from torch_transformer import label_smoothed_loss as torch_loss
     finally:
         sys.path.pop(0)
-    model = to_float64(make_model(pre_norm=pre_norm, qk_norm=qk_norm))
+    model = to_float64(make_model(pre_norm=pre_norm, qk_norm=qk_norm, activation=activation))
     ref = TorchTransformer(model.config, sdpa=sdpa)
     load_tinytf_state(ref, model.state_dict(), dtype=torch.float64)
     rng = np.random.default_rng(10)

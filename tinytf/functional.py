@@ -34,6 +34,11 @@ def relu(x: Tensor) -> Tensor:
     return impl.ReLU.apply(x)
 
 
+def gelu(x: Tensor) -> Tensor:
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the tanh form of GELU."""
+    return impl.GELU.apply(x)
+
+
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """exp(x_i) / sum_j exp(x_j) along ``axis``."""
     return impl.Softmax.apply(x, axis=axis)

@@ -58,6 +58,7 @@ class TransformerConfig:
     pre_norm: bool = False          # True departs from the paper (see EncoderLayer)
     share_embeddings: bool = True   # one matrix for source, target and output (section 3.4)
     qk_norm: bool = False           # True departs from the paper (see MultiHeadAttention)
+    activation: str = "relu"        # the FFN's: "relu" (eq. 2) or "gelu" (see FeedForward)
     eps: float = 1e-5
 
     PRESETS = {  # section 6.1 / table 3; tiny and small are ours, for CPUs
@@ -81,6 +82,9 @@ class TransformerConfig:
             p = getattr(self, name)
             if not 0.0 <= p < 1.0:
                 raise ValueError(f"transformer.py: {name}={p} must be in [0, 1)")
+        if self.activation not in FeedForward.ACTIVATIONS:
+            raise ValueError(f"transformer.py: activation={self.activation!r}: choose from "
+                             f"{', '.join(FeedForward.ACTIVATIONS)}")
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"transformer.py: {name}={getattr(self, name)} must be >= 1")
@@ -323,10 +327,18 @@ class MultiHeadAttention(nn.Module):
 # --------------------------------------------------------------------------------------
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, eq. (2); inner size d_ff."""
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, eq. (2); inner size d_ff.
 
-    def __init__(self, d_model: int, d_ff: int, relu_dropout: float = 0.0):
+    ``activation="gelu"`` departs from the paper: GELU in place of max(0, .), whose units,
+    once pushed below 0 for every input, get no gradient again (docs/training.md, "GELU").
+    """
+
+    ACTIVATIONS = ("relu", "gelu")
+
+    def __init__(self, d_model: int, d_ff: int, relu_dropout: float = 0.0,
+                 activation: str = "relu"):
         super().__init__()
+        self.activation = activation
         self.w_1 = nn.Linear(d_model, d_ff)
         self.w_2 = nn.Linear(d_ff, d_model)
         for lin in (self.w_1, self.w_2):
@@ -335,8 +347,10 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(relu_dropout)  # not in the paper; 0 by default
 
     def forward(self, x: Tensor) -> Tensor:
-        # relu(x W_1 + b_1) as one node: F.linear's activation (= F.relu(self.w_1(x))).
-        hidden = F.linear(x, self.w_1.weight, self.w_1.bias, activation="relu")
+        if self.activation == "gelu":
+            hidden = F.gelu(self.w_1(x))
+        else:   # relu(x W_1 + b_1) as one node: F.linear's activation (= F.relu(self.w_1(x)))
+            hidden = F.linear(x, self.w_1.weight, self.w_1.bias, activation="relu")
         return self.w_2(self.dropout(hidden))              # (B, T, d_ff) -> (B, T, d)
 
 
@@ -373,7 +387,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout,
                                             qk_norm=cfg.qk_norm, eps=cfg.eps)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout, cfg.activation)
         self.sub1 = SublayerConnection(cfg.d_model, cfg.dropout, cfg.pre_norm, cfg.eps)
         self.sub2 = SublayerConnection(cfg.d_model, cfg.dropout, cfg.pre_norm, cfg.eps)
 
@@ -392,7 +406,7 @@ class DecoderLayer(nn.Module):
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout,
                                              self_attention=False, qk_norm=cfg.qk_norm,
                                              eps=cfg.eps)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout, cfg.activation)
         self.sub1 = SublayerConnection(cfg.d_model, cfg.dropout, cfg.pre_norm, cfg.eps)
         self.sub2 = SublayerConnection(cfg.d_model, cfg.dropout, cfg.pre_norm, cfg.eps)
         self.sub3 = SublayerConnection(cfg.d_model, cfg.dropout, cfg.pre_norm, cfg.eps)

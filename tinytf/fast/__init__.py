@@ -20,6 +20,7 @@ reference op       runs instead         what is faster
 ``DropoutAdd``     ``FusedDropoutAdd``   residual sum) in one launch; CPU (DropoutAdd):
                                         mask, product and sum by rows in threads
 ``ReLU``           ``FusedReLU``         GPU: one launch each way
+``GELU``           ``RowParallelGELU``   CPU: forward and backward by rows in threads
 ``MatMul``         ``CublasMatMul``      GPU: one cuBLAS call per product (tensor cores)
 ``Attention``      ``FusedAttention``    GPU: cuBLAS with the 1/sqrt(d) as alpha, masked
                                         softmax and its backward in one launch each;
@@ -44,7 +45,7 @@ import os
 
 from ..dispatch import impl
 from ..optim import Adam
-from .cpu import BlockedCrossEntropy, FlatIndexEmbedding
+from .cpu import BlockedCrossEntropy, FlatIndexEmbedding, RowParallelGELU
 from .cuda import (CublasMatMul, FusedAttention, FusedCrossEntropy, FusedDropout,
                    FusedDropoutAdd, FusedLayerNorm, FusedLinear, FusedLogSoftmax, FusedReLU,
                    FusedSoftmax)
@@ -63,6 +64,7 @@ FAST_OPS = {
     "Dropout": FusedDropout,
     "DropoutAdd": FusedDropoutAdd,
     "ReLU": FusedReLU,
+    "GELU": RowParallelGELU,
     "MatMul": CublasMatMul,
     "Attention": FusedAttention,
     "Linear": FusedLinear,

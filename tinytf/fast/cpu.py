@@ -5,7 +5,8 @@
   stay in cache, and that buffer reused by the next step's forward.
 - :class:`FlatIndexEmbedding` replaces :class:`tinytf.ops.embedding.Embedding`'s backward:
   NumPy's ``add.at`` with flat element indices instead of row indices, ~3x faster.
-- The row-parallel variants of :class:`~tinytf.ops.norm.LayerNorm`,
+- The row-parallel variants of :class:`~tinytf.ops.elementwise.GELU`,
+  :class:`~tinytf.ops.norm.LayerNorm`,
   :class:`~tinytf.ops.dropout.DropoutAdd`, :class:`~tinytf.ops.attention.Attention` (its
   masked softmax and that softmax's backward) and :class:`~tinytf.ops.matmul.Linear` (its
   bias and ReLU passes) run the reference's own NumPy calls on ranges of rows in threads
@@ -24,6 +25,7 @@ from .. import backend
 from ..backend import get_array_module, scatter_add
 from ..ops.attention import Attention, masked_softmax_, masked_softmax_grad_
 from ..ops.dropout import DropoutAdd, scaled_keep
+from ..ops.elementwise import GELU, gelu_, gelu_grad_
 from ..ops.embedding import Embedding
 from ..ops.loss import CrossEntropy
 from ..ops.matmul import Linear
@@ -144,6 +146,38 @@ def _rows_of(*arrays):
     dtypes = {a.dtype for a in arrays if a is not None}
     return len(dtypes) == 1 and dtypes <= {np.dtype(np.float32), np.dtype(np.float64)} and \
         all(type(a) is np.ndarray for a in arrays if a is not None)
+
+
+class RowParallelGELU(GELU):
+    """:class:`GELU` forward and backward (``gelu_``, ``gelu_grad_``) by range of rows in
+    threads."""
+
+    def forward(self, x):
+        if not _rows_of(x) or x.ndim < 1:
+            return super().forward(x)
+        x2 = x.reshape(-1, x.shape[-1])
+        t, y = np.empty(x2.shape, x.dtype), np.empty(x2.shape, x.dtype)
+
+        def rows(lo, hi):
+            gelu_(x2[lo:hi], t[lo:hi], y[lo:hi])
+
+        parallel_rows(rows, x2.shape[0], x2.shape[1])
+        self.save_for_backward(x, t.reshape(x.shape))
+        return y.reshape(x.shape)
+
+    def backward(self, grad):
+        x, t = self.saved
+        if not _rows_of(x, t, grad) or grad.shape != x.shape or x.ndim < 1:
+            return super().backward(grad)
+        d = x.shape[-1]
+        x2, t2, g2 = x.reshape(-1, d), t.reshape(-1, d), grad.reshape(-1, d)
+        out = np.empty(g2.shape, grad.dtype)
+
+        def rows(lo, hi):
+            gelu_grad_(x2[lo:hi], t2[lo:hi], g2[lo:hi], out[lo:hi])
+
+        parallel_rows(rows, g2.shape[0], d)
+        return out.reshape(grad.shape)
 
 
 class RowParallelLayerNorm(LayerNorm):

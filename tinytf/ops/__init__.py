@@ -1,7 +1,7 @@
 """The reference ops: each a small :class:`~tinytf.tensor.Function` subclass, its
 mathematics written once against ``xp`` (NumPy or CuPy), forward and backward side by side.
 
-- :mod:`.elementwise` — add, mul, neg, pow, exp, log, sqrt, tanh, relu, cast
+- :mod:`.elementwise` — add, mul, neg, pow, exp, log, sqrt, tanh, relu, gelu, cast
 - :mod:`.reduce` — sum, max
 - :mod:`.shape` — reshape, transpose, getitem, split, split/merge heads, cat, stack, where,
   masked_fill
@@ -21,7 +21,7 @@ built from these in :mod:`tinytf.tensor`.
 from ..dispatch import impl
 from .attention import Attention
 from .dropout import Dropout, DropoutAdd
-from .elementwise import Add, Cast, Exp, Log, Mul, Neg, Pow, ReLU, Sqrt, Tanh, sum_to
+from .elementwise import Add, Cast, Exp, GELU, Log, Mul, Neg, Pow, ReLU, Sqrt, Tanh, sum_to
 from .embedding import Embedding
 from .loss import CrossEntropy
 from .matmul import Linear, MatMul
@@ -32,13 +32,13 @@ from .shape import (Concatenate, GetItem, MaskedFill, MergeHeads, Reshape, Split
 from .softmax import LogSoftmax, Softmax
 
 __all__ = [
-    "Add", "Cast", "Exp", "Log", "Mul", "Neg", "Pow", "ReLU", "Sqrt", "Tanh", "sum_to",
+    "Add", "Cast", "Exp", "GELU", "Log", "Mul", "Neg", "Pow", "ReLU", "Sqrt", "Tanh", "sum_to",
     "Linear", "MatMul", "Attention", "CrossEntropy", "Dropout", "DropoutAdd", "Embedding",
     "LayerNorm", "LogSoftmax", "Softmax", "Max", "Sum", "Concatenate", "GetItem", "MaskedFill",
     "Reshape", "Split", "SplitHeads", "MergeHeads", "Stack", "Transpose", "Where",
 ]
 
-for _cls in (Add, Cast, Exp, Log, Mul, Neg, Pow, ReLU, Sqrt, Tanh, Linear, MatMul, Attention,
+for _cls in (Add, Cast, Exp, GELU, Log, Mul, Neg, Pow, ReLU, Sqrt, Tanh, Linear, MatMul, Attention,
              CrossEntropy, Dropout, DropoutAdd, Embedding, LayerNorm, LogSoftmax, Softmax, Max,
              Sum, Concatenate, GetItem, MaskedFill, Reshape, Split, SplitHeads, MergeHeads,
              Stack, Transpose, Where):

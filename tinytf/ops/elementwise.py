@@ -133,6 +133,62 @@ class ReLU(Function):
         return relu_grad(self.saved[0], grad)
 
 
+class GELU(Function):
+    """y = 0.5 x (1 + t), t = tanh(u), u = sqrt(2/pi) (x + 0.044715 x^3): the Gaussian error
+    linear unit in the tanh form of Hendrycks & Gimpel (2016), as BERT and GPT-2 use it.
+    dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx, du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+    Unlike ReLU's, its gradient is not 0 for x < 0: a unit pushed below 0 can come back.
+    (docs/autograd.md builds this op step by step; here the arithmetic runs in place.)"""
+
+    def forward(self, x):
+        t, y = get_array_module(x).empty_like(x), get_array_module(x).empty_like(x)
+        gelu_(x, t, y)
+        self.save_for_backward(x, t)
+        return y
+
+    def backward(self, grad):
+        x, t = self.saved
+        out = get_array_module(x).empty_like(grad)
+        gelu_grad_(x, t, grad, out)
+        return out
+
+
+GELU_C = 0.7978845608028654     # sqrt(2 / pi), a Python float: no float64 upcast
+GELU_A = 0.044715
+
+
+def gelu_(x, t, y) -> None:
+    """Into t and y: t = tanh(u), u = C x (1 + A x^2), and y = 0.5 x (1 + t); one
+    temporary-free pass per operation."""
+    xp = get_array_module(x)
+    xp.multiply(x, x, out=t)
+    t *= GELU_A
+    t += 1
+    t *= x
+    t *= GELU_C
+    xp.tanh(t, out=t)
+    xp.add(t, 1, out=y)
+    y *= x
+    y *= 0.5
+
+
+def gelu_grad_(x, t, grad, out) -> None:
+    """Into out: grad * (0.5 (1 + t) + 0.5 x (1 - t^2) C (1 + 3 A x^2)), t = tanh(u)."""
+    xp = get_array_module(x)
+    one_minus_t2 = xp.multiply(t, t, out=xp.empty_like(t))   # an array also when 0-d
+    xp.subtract(1, one_minus_t2, out=one_minus_t2)
+    xp.multiply(x, x, out=out)
+    out *= 3 * GELU_A
+    out += 1
+    out *= GELU_C                   # du/dx
+    out *= x
+    out *= one_minus_t2             # x (1 - t^2) du/dx
+    out += t
+    out += 1
+    out *= 0.5
+    out *= grad
+
+
 def relu_grad(y, grad):
     """ReLU's backward from its output ``y``: ``grad`` where y > 0, else 0. Also used by
     ``Linear`` with its ReLU."""
