@@ -131,9 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clip-norm", type=float, default=d.clip_norm, metavar="X",
                    help="clip the gradient norm to X (default: 0, no clipping)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a model key (dropout=0.3, pre_norm=true, qk_norm=false, activation=gelu, "
-                        "...) or a training key without its own option (train_max_len, "
-                        "valid_bleu_sentences, test_bleu, max_bad_steps, dropout_from_epoch: "
+                   help="override a model key (dropout=0.3, pre_norm=true, qk_norm=false, "
+                        "activation=gelu, ...) or a training key without its own option "
+                        "(train_max_len, valid_bleu_sentences, test_bleu, max_bad_steps, "
+                        "dropout_from_epoch: "
                         "tiny 5, others 1; full_dropout_epochs: tiny 8, others 0); "
                         "repeatable")
     return p
