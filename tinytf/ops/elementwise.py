@@ -141,7 +141,8 @@ class GELU(Function):
     (docs/autograd.md builds this op step by step; here the arithmetic runs in place.)"""
 
     def forward(self, x):
-        t, y = get_array_module(x).empty_like(x), get_array_module(x).empty_like(x)
+        xp = get_array_module(x)
+        t, y = xp.empty_like(x), xp.empty_like(x)
         gelu_(x, t, y)
         self.save_for_backward(x, t)
         return y
