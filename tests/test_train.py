@@ -836,10 +836,11 @@ def test_budget_epochs():
 
 
 def test_late_dropout_gives_way_to_a_long_budget(data_dir, tmp_path):
-    """The tiny preset's late dropout becomes dropout from the first epoch where the budget
-    holds full_dropout_epochs (8) epochs or more: by --max-steps, by --max-minutes at the
-    measured pace, capped by --max-epochs; a user's dropout_from_epoch is kept whatever
-    the budget, and a resumed run keeps what its start chose."""
+    """The tiny preset's late dropout (from epoch 5) starts at epoch 3 instead
+    (long_dropout_from_epoch) where the budget holds full_dropout_epochs (8) epochs or more:
+    by --max-steps, by --max-minutes at the measured pace, capped by --max-epochs; a user's
+    dropout_from_epoch is kept whatever the budget, and a resumed run keeps what its start
+    chose."""
     import io
     preset_dropout = [x for x in TINY if not x.startswith("dropout_from_epoch")]
 
@@ -855,15 +856,19 @@ def test_late_dropout_gives_way_to_a_long_budget(data_dir, tmp_path):
     per_epoch = len(probe.batches)
     epochs = probe.cfg.full_dropout_epochs
     assert epochs == 8 and probe.cfg.dropout_from_epoch == 5
+    assert probe.cfg.long_dropout_from_epoch == 3
     probe.close()
-    for out, kw, first in (("long", dict(max_steps=epochs * per_epoch), 1),
+    for out, kw, first in (("long", dict(max_steps=epochs * per_epoch), 3),
                            ("short", dict(max_steps=epochs * per_epoch - 1), 5),
-                           ("timed", dict(max_minutes=10_000, min_updates=0), 1),
+                           ("timed", dict(max_minutes=10_000, min_updates=0), 3),
                            ("capped", dict(max_minutes=10_000, max_epochs=epochs - 1), 5)):
         t, log = start(out, **kw)
         assert t.cfg.dropout_from_epoch == first, out
-        assert ("dropout: from the first epoch: the budget holds about" in log) == (first == 1)
+        assert ("dropout: from epoch 3: the budget holds about" in log) == (first == 3)
         t.close()
+    t, log = start("from-1", "long_dropout_from_epoch=1", max_steps=epochs * per_epoch)
+    assert t.cfg.dropout_from_epoch == 1 and "dropout: from the first epoch: the budget" in log
+    t.close()
     kept, _ = start("kept", "dropout_from_epoch=5", max_steps=epochs * per_epoch)
     assert kept.cfg.dropout_from_epoch == 5 and kept.cfg.full_dropout_epochs == 0
     kept.close()
@@ -877,8 +882,8 @@ def test_late_dropout_gives_way_to_a_long_budget(data_dir, tmp_path):
                                      max_steps=4), given={"max_steps"}).resolved()
     log = io.StringIO()
     again = trainer.Trainer(cfg, log_stream=log)
-    assert again.cfg.dropout_from_epoch == 1 and again.step == 2
-    assert "dropout: from the first epoch" not in log.getvalue()
+    assert again.cfg.dropout_from_epoch == 3 and again.step == 2
+    assert "dropout: from epoch 3" not in log.getvalue()
     assert "resuming with changed" not in log.getvalue()
     again.close()
 

@@ -71,7 +71,8 @@ class TrainConfig:
     valid_samples: int = 3            # sample translations logged at every validation
     max_bad_steps: int = 5            # stop after this many non-finite steps in a row
     dropout_from_epoch: int | None = None  # the model's dropout acts from this epoch on (1: all)
-    full_dropout_epochs: int | None = None  # a budget of this many epochs or more: from epoch 1
+    full_dropout_epochs: int | None = None  # a budget of this many epochs or more drops ...
+    long_dropout_from_epoch: int | None = None  # ... from this epoch on (tiny 3, others 1)
     max_epochs: int | None = None     # stop after this many passes over the training data
     patience: int = 0                 # stop after N validations without a better best_metric
     best_metric: str = "loss"         # checkpoint_best.npz and patience: dev "loss" or "bleu"
@@ -85,14 +86,14 @@ class TrainConfig:
         # batches, halved (to 1,024 at least) where the machine's pace gives a time budget
         # fewer than 1,500 updates of them; a 4k BPE (and the tiny preset's pre-LN); the
         # model's dropout (0.1) only from the 5th epoch on ("late dropout"), or from the
-        # first where the budget holds 8 epochs or more.
+        # 3rd where the budget holds 8 epochs or more.
         "tiny": dict(max_tokens=2048, min_updates=1500, lr_schedule="linear", lr=2e-3,
                      warmup=4000, vocab_size=4000, save_interval=200, dropout_from_epoch=5,
-                     full_dropout_epochs=8),
+                     full_dropout_epochs=8, long_dropout_from_epoch=3),
         # The paper: warmup 4000, factor 1 (its batches held ~25k tokens per side).
         "default": dict(max_tokens=4096, min_updates=0, lr_schedule="noam", lr_factor=1.0,
                         warmup=4000, vocab_size=8000, save_interval=1000,
-                        dropout_from_epoch=1, full_dropout_epochs=0),
+                        dropout_from_epoch=1, full_dropout_epochs=0, long_dropout_from_epoch=1),
     }
 
     def resolved(self) -> "TrainConfig":
@@ -217,7 +218,7 @@ class TrainConfig:
             raise TrainError("--cuda-graph replays steps as CUDA graphs: it needs --device gpu")
         positive = ("max_tokens", "update_freq", "warmup", "vocab_size", "log_interval",
                     "save_interval", "valid_interval", "train_max_len", "max_bad_steps",
-                    "workers", "dropout_from_epoch")
+                    "workers", "dropout_from_epoch", "long_dropout_from_epoch")
         for key in positive:
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise TrainError(f"{key} must be at least 1, got {getattr(self, key)}")

@@ -235,14 +235,15 @@ class Trainer:
         return dataclasses.replace(cfg, max_tokens=fitted, fitted_from=cfg.max_tokens)
 
     def _drops_late(self, cfg) -> bool:
-        """Whether the preset's late dropout may give way to dropout from the first epoch
-        (``full_dropout_epochs``), and the model has dropout at all."""
+        """Whether the preset's late dropout may give way to an earlier start where the
+        budget is long (``full_dropout_epochs``), and the model has dropout at all."""
         mc = self.model_cfg
-        return bool(cfg.dropout_from_epoch > 1 and cfg.full_dropout_epochs
+        return bool(cfg.dropout_from_epoch > cfg.long_dropout_from_epoch
+                    and cfg.full_dropout_epochs
                     and max(mc.dropout, mc.attention_dropout, mc.relu_dropout) > 0)
 
     def _dropout_for_budget(self, cfg, per_update: float | None) -> TrainConfig:
-        """``cfg`` with dropout from the first epoch where the budget holds
+        """``cfg`` with dropout from epoch ``long_dropout_from_epoch`` where the budget holds
         ``full_dropout_epochs`` passes over the training data or more (the updates of
         ``--max-steps``, or of ``--max-minutes`` at ``per_update`` seconds each, whichever
         are fewer, or ``--max-epochs``). Late dropout pays where the budget is mostly first
@@ -255,11 +256,13 @@ class Trainer:
                                cfg.max_epochs)
         if epochs is None or epochs < cfg.full_dropout_epochs:
             return cfg
-        self.log.info(f"dropout: from the first epoch: the budget holds about {epochs:.0f} "
+        first = cfg.long_dropout_from_epoch
+        when = "the first epoch" if first == 1 else f"epoch {first}"
+        self.log.info(f"dropout: from {when}: the budget holds about {epochs:.0f} "
                       f"epochs, at least full_dropout_epochs {cfg.full_dropout_epochs} "
                       f"(docs/training.md, \"Late dropout\"; --set dropout_from_epoch="
                       f"{cfg.dropout_from_epoch} keeps late dropout)")
-        return dataclasses.replace(cfg, dropout_from_epoch=1)
+        return dataclasses.replace(cfg, dropout_from_epoch=first)
 
     def _restore(self, ckpt):
         """Continue from ``ckpt`` exactly: parameters, Adam, step, batches, RNG."""

@@ -135,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "activation=gelu, ...) or a training key without its own option "
                         "(train_max_len, valid_bleu_sentences, test_bleu, max_bad_steps, "
                         "dropout_from_epoch: "
-                        "tiny 5, others 1; full_dropout_epochs: tiny 8, others 0); "
+                        "tiny 5, others 1; full_dropout_epochs: tiny 8, others 0, the budget in "
+                        "epochs from which dropout starts at long_dropout_from_epoch: tiny 3); "
                         "repeatable")
     return p
 
