@@ -188,10 +188,11 @@ class TrainConfig:
         """A warning when the ``linear`` schedule's warm-up, set shorter than the preset's,
         ends before `SHORT_WARMUP` of the budget's `expected_updates` (None: no budget
         known): the peak was tuned with the warm-up at its cap, 30 % of the budget, and at
-        the main job's budget `--warmup 100` (5 %) reached 0.76-0.84x of the default
-        warm-up's beam 4 BLEU with QK-norm and 0.62-0.77x without, as two-seed means
-        (docs/training.md, "QK-norm" and "Late dropout"). The preset's own warm-up (4,000
-        updates) never warns, however long the budget."""
+        the main job's budget `--warmup 100` (5 %) reached 0.76-0.90x of the default
+        warm-up's beam 4 BLEU with QK-norm (0.90x with the preset's dropout from epoch 3)
+        and 0.62-0.77x without, as two-seed means (docs/training.md, "QK-norm" and "Late
+        dropout"). The preset's own warm-up (4,000 updates) never warns, however long the
+        budget."""
         if (self.lr_schedule != "linear" or not expected_updates
                 or self.warmup >= self.preset_defaults()["warmup"]):
             return None
