@@ -134,10 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a model key (dropout=0.3, pre_norm=true, qk_norm=false, "
                         "activation=gelu, ...) or a training key without its own option "
                         "(train_max_len, valid_bleu_sentences, test_bleu, max_bad_steps, "
-                        "dropout_from_epoch: "
-                        "tiny 5, others 1; full_dropout_epochs: tiny 8, others 0, the budget in "
-                        "epochs from which dropout starts at long_dropout_from_epoch: tiny 3); "
-                        "repeatable")
+                        "dropout_from_epoch: tiny 5, others 1; full_dropout_epochs: tiny 8, "
+                        "others 0, a budget of that many epochs or more starts dropout at "
+                        "long_dropout_from_epoch: tiny 3); repeatable")
     return p
 
 
