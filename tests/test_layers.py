@@ -21,8 +21,9 @@ LAYERS = [
     ("fast", ["kernels", "fast", "amp", "cuda_graph", "distributed"]),
     ("model", ["decoder_state", "transformer", "search", "decode_workers", "translation",
                "attention_svg"]),
-    ("training", ["data", "corpus_file", "prepare", "stop_signals", "train_config", "train_log",
-                  "train_progress", "evaluate", "run_dir", "trainer", "pipelined", "run"]),
+    ("training", ["data", "corpus_file", "prepare", "stop_signals", "train_config", "budget",
+                  "train_log", "train_progress", "evaluate", "run_dir", "trainer", "pipelined",
+                  "run"]),
     ("commands", ["commands"]),
 ]
 """Lowest first: (layer, top-level modules or packages of tinytf in it)."""

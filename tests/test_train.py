@@ -691,7 +691,7 @@ def test_fitted_batch_halves_to_the_floor_while_the_budget_holds_too_few_updates
     """--min-updates: the batch is halved while the time budget at the measured pace holds
     fewer updates than asked, down to 1,024 tokens; a step budget that ends the run first
     leaves it alone."""
-    from tinytf.train_config import MIN_FITTED_TOKENS, fitted_max_tokens
+    from tinytf.budget import MIN_FITTED_TOKENS, fitted_max_tokens
     # 1.2 s per 2,048-token update: 500 in 10 minutes; 1,024 tokens give about 1,000.
     assert fitted_max_tokens(2048, 1.2, 600.0, 1500) == 1024 == MIN_FITTED_TOKENS
     assert fitted_max_tokens(2048, 0.3, 600.0, 1500) == 2048     # 2,000 updates: enough
@@ -827,7 +827,7 @@ def test_late_dropout_trains_without_dropout_until_its_epoch_and_resumes_bitwise
 def test_budget_epochs():
     """Passes over the data in a budget: updates x update_freq / batches, capped by
     max_epochs; None when nothing bounds them."""
-    from tinytf.train_config import budget_epochs
+    from tinytf.budget import budget_epochs
     assert budget_epochs(2680, 1, 98) == pytest.approx(27.35, abs=0.01)
     assert budget_epochs(100, 2, 50) == 4.0
     assert budget_epochs(100, 2, 50, max_epochs=3) == 3

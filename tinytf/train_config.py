@@ -11,6 +11,7 @@ import dataclasses
 import os
 
 from . import amp
+from .budget import can_halve
 from .schedule import LINEAR_WARMUP_CAP, SCHEDULES, Schedule
 from .transformer import TransformerConfig
 
@@ -243,42 +244,6 @@ class TrainConfig:
         when the batch is already too small to halve)."""
         return bool(self.min_updates and self.max_minutes and not self.resume
                     and can_halve(self.max_tokens))
-
-
-MIN_FITTED_TOKENS = 1024
-"""The smallest batch that fitting a batch to a budget chooses (docs/training.md)."""
-
-
-def can_halve(max_tokens: int) -> bool:
-    """Whether fitting may halve a batch of ``max_tokens``: not below MIN_FITTED_TOKENS."""
-    return max_tokens // 2 >= MIN_FITTED_TOKENS
-
-
-def fitted_max_tokens(max_tokens: int, seconds_per_update: float, budget_seconds: float,
-                      min_updates: int, max_steps: int = 0) -> int:
-    """The batch for a time budget (``--min-updates``): ``max_tokens``, halved while the
-    budget, at ``seconds_per_update`` for batches of ``max_tokens`` (an update's time taken
-    as proportional to its tokens), holds fewer than ``min_updates`` updates, and never
-    below :data:`MIN_FITTED_TOKENS`. Unchanged when ``max_steps`` ends the run first.
-
-    At a fixed budget a smaller batch makes more updates of fewer tokens each; below about
-    a thousand updates the tiny model is short of updates rather than of tokens
-    (docs/training.md, "The batch and the budget")."""
-    tokens, updates = max_tokens, budget_seconds / max(seconds_per_update, 1e-9)
-    while (updates < min_updates and can_halve(tokens)
-           and not (max_steps and max_steps <= updates)):
-        tokens, updates = tokens // 2, updates * 2
-    return tokens
-
-
-def budget_epochs(updates: float | None, update_freq: int, batches_per_epoch: int,
-                  max_epochs: int | None = None) -> float | None:
-    """The passes over the training data that a budget of ``updates`` updates (None: not
-    known) of ``update_freq`` batches holds, at most ``max_epochs``; None if neither."""
-    epochs = [updates * update_freq / max(batches_per_epoch, 1)] if updates else []
-    if max_epochs:
-        epochs.append(max_epochs)
-    return min(epochs) if epochs else None
 
 
 def _parse_value(text: str, current, key: str):

@@ -14,7 +14,8 @@ One update (section 5 of the paper, docs/training.md), :meth:`Trainer.train`::
 
 Around it: the joint BPE is learnt into the run directory once (:mod:`tinytf.run_dir`);
 token-based batches come from :class:`tinytf.data.BatchIterator` (with ``--min-updates``,
-their size is first fitted to the time budget at the machine's measured pace); the clock
+their size is first fitted to the time budget at the machine's measured pace, and the epoch
+that dropout starts from is set by the epochs the budget holds: :mod:`tinytf.budget`); the clock
 and the log line's sums are :class:`tinytf.train_progress.Progress`; every ``log_interval``
 steps a log line (:mod:`tinytf.train_log`); every ``valid_interval`` steps dev loss and dev
 BLEU (greedy, :mod:`tinytf.evaluate`); every ``save_interval`` steps an atomic checkpoint
@@ -44,7 +45,7 @@ import time
 
 import numpy as np
 
-from . import amp, backend, checkpoint, distributed, fast
+from . import amp, backend, budget, checkpoint, distributed, fast
 from .data import BatchIterator, ParallelCorpus, read_parallel
 from .evaluate import test_scores, validate
 from .optim import clip_grad_norm_array, grad_norm_array
@@ -55,8 +56,8 @@ from .run_dir import (changed_on_resume, checkpoint_to_resume, claim_run_dir, da
 from .stop_signals import StopSignals
 # (TrainConfig and apply_overrides are also re-exported: callers import them from here.)
 from .train_config import (BPE_FILE, TrainConfig, TrainError, apply_overrides,  # noqa: F401
-                           budget_epochs, fitted_max_tokens, model_config_for)
-from .train_log import (Logger, count_of, format_seconds, log_run_start, log_validation,
+                           model_config_for)
+from .train_log import (Logger, format_seconds, log_run_start, log_validation,
                         log_window, write_run_config)
 from .train_progress import Progress
 from .transformer import Transformer, label_smoothed_loss
@@ -150,10 +151,11 @@ class Trainer:
         self.policy = amp.Policy(cfg.precision)
         self.scaler = amp.DynamicLossScaler(enabled=self.policy.loss_scaling)
         per_update = None   # seconds per update at cfg.max_tokens, where measured
-        if cfg.max_minutes and not cfg.resume and (cfg.fits_batch() or self._drops_late(cfg)):
+        if (cfg.max_minutes and not cfg.resume
+                and (cfg.fits_batch() or budget.drops_late(cfg, self.model_cfg))):
             per_update = self._pace(cfg)
         if cfg.fits_batch():
-            self.cfg = cfg = self._fit_batch_to_budget(cfg, per_update)
+            self.cfg = cfg = budget.fit_batch_to_budget(cfg, per_update, self.log)
             per_update *= cfg.max_tokens / (cfg.fitted_from or cfg.max_tokens)
 
         # Dev pairs longer than a batch cannot be scored for loss (BLEU still sees them).
@@ -161,8 +163,9 @@ class Trainer:
                                        min(self.model_cfg.max_len, cfg.max_tokens),
                                        name=f"{paths['dev'][0]} / {paths['dev'][1]}")
         self.batches = self._train_batches(cfg)
-        if not cfg.resume and self._drops_late(cfg):
-            self.cfg = cfg = self._dropout_for_budget(cfg, per_update)
+        if not cfg.resume and budget.drops_late(cfg, self.model_cfg):
+            self.cfg = cfg = budget.dropout_for_budget(cfg, per_update, len(self.batches),
+                                                       self.log)
 
         self.step = 0           # updates applied
         self.bad_in_a_row = 0
@@ -210,59 +213,6 @@ class Trainer:
         # The first pass allocates; an update is update_freq passes.
         return self.comm.broadcast_object(float(np.median(seconds[1:] or seconds))
                                           * cfg.update_freq)
-
-    def _fit_batch_to_budget(self, cfg, per_update: float) -> TrainConfig:
-        """``cfg`` with the batch fitted to the time budget (``--min-updates``, the tiny
-        preset's 1,500): at the machine's pace (``per_update`` seconds for an update of
-        ``--max-tokens``, the preset's or the user's, the largest batch the fit keeps)
-        :func:`~tinytf.train_config.fitted_max_tokens` halves the batch while the budget
-        holds too few updates (of ``--update-freq`` batches each). Every rank has rank 0's
-        pace (:meth:`_pace`), so every rank fits the same batch."""
-        fitted = fitted_max_tokens(cfg.max_tokens, per_update, cfg.max_minutes * 60.0,
-                                   cfg.min_updates, cfg.max_steps or 0)
-        updates = cfg.max_minutes * 60.0 / per_update
-        size = (f"{cfg.max_tokens:,}" if cfg.update_freq == 1 else
-                f"{cfg.update_freq} x {cfg.max_tokens:,}")
-        pace = (f"an update of {size} tokens takes about {per_update:.2f} s here: about "
-                f"{updates:,.0f} in {count_of(cfg.max_minutes, 'minute')}")
-        if fitted == cfg.max_tokens:
-            self.log.info(f"batch: {fitted:,} tokens: {pace} (--min-updates "
-                          f"{cfg.min_updates})")
-            return cfg
-        self.log.info(f"batch: {fitted:,} tokens, fitted to the budget: {pace}, fewer than "
-                      f"--min-updates {cfg.min_updates} (docs/training.md, \"The batch and the "
-                      f"budget\"; --min-updates 0 keeps {cfg.max_tokens:,})")
-        return dataclasses.replace(cfg, max_tokens=fitted, fitted_from=cfg.max_tokens)
-
-    def _drops_late(self, cfg) -> bool:
-        """Whether the preset's late dropout may give way to an earlier start where the
-        budget is long (``full_dropout_epochs``), and the model has dropout at all."""
-        mc = self.model_cfg
-        return bool(cfg.dropout_from_epoch > cfg.long_dropout_from_epoch
-                    and cfg.full_dropout_epochs
-                    and max(mc.dropout, mc.attention_dropout, mc.relu_dropout) > 0)
-
-    def _dropout_for_budget(self, cfg, per_update: float | None) -> TrainConfig:
-        """``cfg`` with dropout from epoch ``long_dropout_from_epoch`` where the budget holds
-        ``full_dropout_epochs`` passes over the training data or more (the updates of
-        ``--max-steps``, or of ``--max-minutes`` at ``per_update`` seconds each, whichever
-        are fewer, or ``--max-epochs``). Late dropout pays where the budget is mostly first
-        passes; a long one overfits without dropout in its first epochs (docs/training.md,
-        "Late dropout")."""
-        updates = [cfg.max_steps] if cfg.max_steps else []
-        if cfg.max_minutes and per_update:
-            updates.append(cfg.max_minutes * 60.0 / per_update)
-        epochs = budget_epochs(min(updates, default=None), cfg.update_freq, len(self.batches),
-                               cfg.max_epochs)
-        if epochs is None or epochs < cfg.full_dropout_epochs:
-            return cfg
-        first = cfg.long_dropout_from_epoch
-        when = "the first epoch" if first == 1 else f"epoch {first}"
-        self.log.info(f"dropout: from {when}: the budget holds about {epochs:.0f} "
-                      f"epochs, at least full_dropout_epochs {cfg.full_dropout_epochs} "
-                      f"(docs/training.md, \"Late dropout\"; --set dropout_from_epoch="
-                      f"{cfg.dropout_from_epoch} keeps late dropout)")
-        return dataclasses.replace(cfg, dropout_from_epoch=first)
 
     def _restore(self, ckpt):
         """Continue from ``ckpt`` exactly: parameters, Adam, step, batches, RNG."""

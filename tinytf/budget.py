@@ -1,0 +1,107 @@
+"""What a budget holds, decided before the first update: the batch fitted to the machine's
+pace, and the epoch that dropout starts from.
+
+A run with a time budget (``--max-minutes``) and ``--min-updates`` N (the ``tiny`` preset's
+1,500) times a few passes of its largest batch and halves the batch while the budget at that
+pace would hold fewer than N updates (:func:`fit_batch_to_budget`): below about a thousand
+updates a small model is short of updates, not of tokens. The ``tiny`` preset's late dropout
+(none in the first epochs, while the data is still new) gives way to dropout from epoch
+``long_dropout_from_epoch`` where the budget holds ``full_dropout_epochs`` passes over the
+data or more (:func:`dropout_for_budget`): a long budget overfits without it. Both are
+measured choices: docs/training.md, "The batch and the budget" and "Late dropout". The
+:class:`~tinytf.trainer.Trainer` measures the pace and applies them to its config.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .train_log import count_of
+
+MIN_FITTED_TOKENS = 1024
+"""The smallest batch that fitting a batch to a budget chooses (docs/training.md)."""
+
+
+def can_halve(max_tokens: int) -> bool:
+    """Whether fitting may halve a batch of ``max_tokens``: not below MIN_FITTED_TOKENS."""
+    return max_tokens // 2 >= MIN_FITTED_TOKENS
+
+
+def fitted_max_tokens(max_tokens: int, seconds_per_update: float, budget_seconds: float,
+                      min_updates: int, max_steps: int = 0) -> int:
+    """The batch for a time budget (``--min-updates``): ``max_tokens``, halved while the
+    budget, at ``seconds_per_update`` for batches of ``max_tokens`` (an update's time taken
+    as proportional to its tokens), holds fewer than ``min_updates`` updates, and never
+    below :data:`MIN_FITTED_TOKENS`. Unchanged when ``max_steps`` ends the run first.
+
+    At a fixed budget a smaller batch makes more updates of fewer tokens each; below about
+    a thousand updates the tiny model is short of updates rather than of tokens
+    (docs/training.md, "The batch and the budget")."""
+    tokens, updates = max_tokens, budget_seconds / max(seconds_per_update, 1e-9)
+    while (updates < min_updates and can_halve(tokens)
+           and not (max_steps and max_steps <= updates)):
+        tokens, updates = tokens // 2, updates * 2
+    return tokens
+
+
+def budget_epochs(updates: float | None, update_freq: int, batches_per_epoch: int,
+                  max_epochs: int | None = None) -> float | None:
+    """The passes over the training data that a budget of ``updates`` updates (None: not
+    known) of ``update_freq`` batches holds, at most ``max_epochs``; None if neither."""
+    epochs = [updates * update_freq / max(batches_per_epoch, 1)] if updates else []
+    if max_epochs:
+        epochs.append(max_epochs)
+    return min(epochs) if epochs else None
+
+
+def fit_batch_to_budget(cfg, per_update: float, log):
+    """``cfg`` (a :class:`~tinytf.train_config.TrainConfig`) with its batch fitted to the
+    time budget: at ``per_update`` seconds for an update of ``--max-tokens`` (the preset's
+    or the user's, the largest batch the fit keeps) :func:`fitted_max_tokens` halves the
+    batch while the budget holds fewer than ``--min-updates`` updates (of ``--update-freq``
+    batches each). The choice and its reason go to ``log.info``; a fitted config records
+    the size it was fitted from (``fitted_from``)."""
+    fitted = fitted_max_tokens(cfg.max_tokens, per_update, cfg.max_minutes * 60.0,
+                               cfg.min_updates, cfg.max_steps or 0)
+    updates = cfg.max_minutes * 60.0 / per_update
+    size = (f"{cfg.max_tokens:,}" if cfg.update_freq == 1 else
+            f"{cfg.update_freq} x {cfg.max_tokens:,}")
+    pace = (f"an update of {size} tokens takes about {per_update:.2f} s here: about "
+            f"{updates:,.0f} in {count_of(cfg.max_minutes, 'minute')}")
+    if fitted == cfg.max_tokens:
+        log.info(f"batch: {fitted:,} tokens: {pace} (--min-updates {cfg.min_updates})")
+        return cfg
+    log.info(f"batch: {fitted:,} tokens, fitted to the budget: {pace}, fewer than "
+             f"--min-updates {cfg.min_updates} (docs/training.md, \"The batch and the "
+             f"budget\"; --min-updates 0 keeps {cfg.max_tokens:,})")
+    return dataclasses.replace(cfg, max_tokens=fitted, fitted_from=cfg.max_tokens)
+
+
+def drops_late(cfg, model_cfg) -> bool:
+    """Whether the preset's late dropout may give way to an earlier start where the budget
+    is long (``full_dropout_epochs``), and the model (``model_cfg``) has dropout at all."""
+    return bool(cfg.dropout_from_epoch > cfg.long_dropout_from_epoch
+                and cfg.full_dropout_epochs
+                and max(model_cfg.dropout, model_cfg.attention_dropout,
+                        model_cfg.relu_dropout) > 0)
+
+
+def dropout_for_budget(cfg, per_update: float | None, batches_per_epoch: int, log):
+    """``cfg`` with dropout from epoch ``long_dropout_from_epoch`` where the budget holds
+    ``full_dropout_epochs`` passes over the training data or more (the updates of
+    ``--max-steps``, or of ``--max-minutes`` at ``per_update`` seconds each, whichever are
+    fewer, or ``--max-epochs``); ``cfg`` itself otherwise. Late dropout pays where the
+    budget is mostly first passes; a long one overfits without dropout in its first epochs."""
+    updates = [cfg.max_steps] if cfg.max_steps else []
+    if cfg.max_minutes and per_update:
+        updates.append(cfg.max_minutes * 60.0 / per_update)
+    epochs = budget_epochs(min(updates, default=None), cfg.update_freq, batches_per_epoch,
+                           cfg.max_epochs)
+    if epochs is None or epochs < cfg.full_dropout_epochs:
+        return cfg
+    first = cfg.long_dropout_from_epoch
+    when = "the first epoch" if first == 1 else f"epoch {first}"
+    log.info(f"dropout: from {when}: the budget holds about {epochs:.0f} epochs, at least "
+             f"full_dropout_epochs {cfg.full_dropout_epochs} (docs/training.md, \"Late "
+             f"dropout\"; --set dropout_from_epoch={cfg.dropout_from_epoch} keeps late "
+             f"dropout)")
+    return dataclasses.replace(cfg, dropout_from_epoch=first)
