@@ -59,7 +59,8 @@ def fit_batch_to_budget(cfg, per_update: float, log):
     or the user's, the largest batch the fit keeps) :func:`fitted_max_tokens` halves the
     batch while the budget holds fewer than ``--min-updates`` updates (of ``--update-freq``
     batches each). The choice and its reason go to ``log.info``; a fitted config records
-    the size it was fitted from (``fitted_from``)."""
+    the size it was fitted from (``fitted_from``). Under MPI every rank passes rank 0's
+    pace (:meth:`~tinytf.trainer.Trainer._pace`), so every rank fits the same batch."""
     fitted = fitted_max_tokens(cfg.max_tokens, per_update, cfg.max_minutes * 60.0,
                                cfg.min_updates, cfg.max_steps or 0)
     updates = cfg.max_minutes * 60.0 / per_update
