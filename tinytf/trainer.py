@@ -150,9 +150,9 @@ class Trainer:
         # policy; a loss scaler only for fp16 (a pass-through otherwise).
         self.policy = amp.Policy(cfg.precision)
         self.scaler = amp.DynamicLossScaler(enabled=self.policy.loss_scaling)
+        drops_late = not cfg.resume and budget.drops_late(cfg, self.model_cfg)
         per_update = None   # seconds per update at cfg.max_tokens, where measured
-        if (cfg.max_minutes and not cfg.resume
-                and (cfg.fits_batch() or budget.drops_late(cfg, self.model_cfg))):
+        if cfg.max_minutes and (cfg.fits_batch() or drops_late):
             per_update = self._pace(cfg)
         if cfg.fits_batch():
             self.cfg = cfg = budget.fit_batch_to_budget(cfg, per_update, self.log)
@@ -163,7 +163,7 @@ class Trainer:
                                        min(self.model_cfg.max_len, cfg.max_tokens),
                                        name=f"{paths['dev'][0]} / {paths['dev'][1]}")
         self.batches = self._train_batches(cfg)
-        if not cfg.resume and budget.drops_late(cfg, self.model_cfg):
+        if drops_late:
             self.cfg = cfg = budget.dropout_for_budget(cfg, per_update, len(self.batches),
                                                        self.log)
 
