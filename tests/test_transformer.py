@@ -196,6 +196,26 @@ def test_a_training_step_builds_the_expected_autograd_nodes():
     assert sum(counts.values()) == per_layer + 11, counts
 
 
+def test_set_dropout_equals_a_model_built_with_that_rate():
+    """``set_dropout(p)`` on a built model trains, bitwise, as a model built with P_drop p
+    (the same masks), and leaves the attention and ReLU dropouts alone."""
+    src, tgt = random_batch(np.random.default_rng(1), 3, 6, 7, 13)
+
+    def loss_and_grads(model):
+        tinytf.manual_seed(7)
+        loss, _ = label_smoothed_loss(model.train()(src, tgt), tgt)
+        loss.backward()
+        return [loss.data] + [p.grad for p in model.parameters()]
+
+    built = make_model(dropout=0.3, attention_dropout=0.05, relu_dropout=0.05)
+    changed = make_model(dropout=0.1, attention_dropout=0.05, relu_dropout=0.05)
+    changed.set_dropout(0.3)
+    assert changed.config == built.config
+    for a, b in zip(loss_and_grads(built), loss_and_grads(changed)):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    assert changed.decoder.layers[0].ffn.dropout.p == 0.05
+
+
 def test_masks():
     m = padding_mask(np.array([[5, 6, 0], [7, 0, 0]]))
     assert m.shape == (2, 1, 1, 3) and m.dtype == bool

@@ -475,6 +475,16 @@ class Transformer(nn.Module):
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
 
+    def set_dropout(self, p: float) -> None:
+        """Make ``p`` the model's P_drop (section 5.4: the sub-layer outputs and the
+        embedding sums), in ``config`` too; ``attention_dropout`` and ``relu_dropout``
+        keep theirs. The trainer sets a rate chosen for the budget this way, after the
+        model is built (docs/training.md, "Late dropout")."""
+        self.config = dataclasses.replace(self.config, dropout=p)
+        for _, module in self.named_modules():
+            if isinstance(module, (SublayerConnection, PositionalEncoding)):
+                module.dropout.p = p
+
     @property
     def generator(self) -> Tensor:
         """The (V, d) matrix of the output projection: the shared embedding E."""
