@@ -7,9 +7,11 @@ pace would hold fewer than N updates (:func:`fit_batch_to_budget`): below about 
 updates a small model is short of updates, not of tokens. The ``tiny`` preset's late dropout
 (none in the first epochs, while the data is still new) gives way to dropout from epoch
 ``long_dropout_from_epoch`` where the budget holds ``full_dropout_epochs`` passes over the
-data or more (:func:`dropout_for_budget`): a long budget overfits without it. Both are
-measured choices: docs/training.md, "The batch and the budget" and "Late dropout". The
-:class:`~tinytf.trainer.Trainer` measures the pace and applies them to its config.
+data or more, at a rate that grows with the passes (``dropout_per_epoch`` each, from the
+model's P_drop to :data:`MAX_BUDGET_DROPOUT`; :func:`dropout_for_budget`): a long budget
+overfits without it. Both are measured choices: docs/training.md, "The batch and the budget"
+and "Late dropout". The :class:`~tinytf.trainer.Trainer` measures the pace and applies them
+to its config.
 """
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ from .train_log import count_of
 
 MIN_FITTED_TOKENS = 1024
 """The smallest batch that fitting a batch to a budget chooses (docs/training.md)."""
+
+MAX_BUDGET_DROPOUT = 0.3
+"""The highest P_drop that a long budget raises the model's to (the paper's big model's;
+docs/training.md, "Late dropout")."""
 
 
 def can_halve(max_tokens: int) -> bool:
@@ -86,12 +92,22 @@ def drops_late(cfg, model_cfg) -> bool:
                         model_cfg.relu_dropout) > 0)
 
 
-def dropout_for_budget(cfg, per_update: float | None, batches_per_epoch: int, log):
+def budget_dropout(p_drop: float, per_epoch: float, epochs: float) -> float:
+    """The P_drop for a budget of ``epochs`` passes over the data: ``per_epoch`` for each,
+    rounded to two decimals, never below the model's ``p_drop`` nor above
+    :data:`MAX_BUDGET_DROPOUT` (nor ever lowering a ``p_drop`` above it)."""
+    return max(p_drop, min(MAX_BUDGET_DROPOUT, round(per_epoch * epochs, 2)))
+
+
+def dropout_for_budget(cfg, p_drop: float, per_update: float | None, batches_per_epoch: int,
+                       log):
     """``cfg`` with dropout from epoch ``long_dropout_from_epoch`` where the budget holds
     ``full_dropout_epochs`` passes over the training data or more (the updates of
     ``--max-steps``, or of ``--max-minutes`` at ``per_update`` seconds each, whichever are
-    fewer, or ``--max-epochs``); ``cfg`` itself otherwise. Late dropout pays where the
-    budget is mostly first passes; a long one overfits without dropout in its first epochs."""
+    fewer, or ``--max-epochs``), at the rate :func:`budget_dropout` gives the model's
+    ``p_drop`` for them (in ``model_overrides``; unless the user set ``dropout``); ``cfg``
+    itself otherwise. Late dropout pays where the budget is mostly first passes; a long one
+    overfits without dropout in its first epochs, and the more so the more passes it makes."""
     updates = [cfg.max_steps] if cfg.max_steps else []
     if cfg.max_minutes and per_update:
         updates.append(cfg.max_minutes * 60.0 / per_update)
@@ -101,8 +117,18 @@ def dropout_for_budget(cfg, per_update: float | None, batches_per_epoch: int, lo
         return cfg
     first = cfg.long_dropout_from_epoch
     when = "the first epoch" if first == 1 else f"epoch {first}"
-    log.info(f"dropout: from {when}: the budget holds about {epochs:.0f} epochs, at least "
-             f"full_dropout_epochs {cfg.full_dropout_epochs} (docs/training.md, \"Late "
-             f"dropout\"; --set dropout_from_epoch={cfg.dropout_from_epoch} keeps late "
-             f"dropout)")
-    return dataclasses.replace(cfg, dropout_from_epoch=first)
+    overrides = dict(cfg.model_overrides)
+    rate = p_drop if "dropout" in overrides else budget_dropout(p_drop, cfg.dropout_per_epoch,
+                                                                epochs)
+    at = why = keep = ""
+    if rate != p_drop:
+        overrides["dropout"] = rate
+        at = f" at {rate:g}"
+        why = (f", and {cfg.dropout_per_epoch:g} per epoch of them, at most "
+               f"{MAX_BUDGET_DROPOUT:g}")
+        keep = f"--set dropout={p_drop:g} keeps the model's rate, "
+    log.info(f"dropout: from {when}{at}: the budget holds about {epochs:.0f} epochs, at "
+             f"least full_dropout_epochs {cfg.full_dropout_epochs}{why} (docs/training.md, "
+             f"\"Late dropout\"; {keep}--set dropout_from_epoch={cfg.dropout_from_epoch} "
+             f"keeps late dropout)")
+    return dataclasses.replace(cfg, dropout_from_epoch=first, model_overrides=overrides)

@@ -15,10 +15,11 @@ One update (section 5 of the paper, docs/training.md), :meth:`Trainer.train`::
 Around it: the joint BPE is learnt into the run directory once (:mod:`tinytf.run_dir`);
 token-based batches come from :class:`tinytf.data.BatchIterator` (with ``--min-updates``,
 their size is first fitted to the time budget at the machine's measured pace, and the epoch
-that dropout starts from is set by the epochs the budget holds: :mod:`tinytf.budget`); the clock
-and the log line's sums are :class:`tinytf.train_progress.Progress`; every ``log_interval``
-steps a log line (:mod:`tinytf.train_log`); every ``valid_interval`` steps dev loss and dev
-BLEU (greedy, :mod:`tinytf.evaluate`); every ``save_interval`` steps an atomic checkpoint
+that dropout starts from and its rate are set by the epochs the budget holds:
+:mod:`tinytf.budget`); the clock and the log line's sums are
+:class:`tinytf.train_progress.Progress`; every ``log_interval`` steps a log line
+(:mod:`tinytf.train_log`); every ``valid_interval`` steps dev loss and dev BLEU (greedy,
+:mod:`tinytf.evaluate`); every ``save_interval`` steps an atomic checkpoint
 (:mod:`tinytf.checkpoint`) that holds everything needed to continue *exactly*: parameters,
 Adam moments, the step, the batch iterator's position, the RNG state (and dropout is
 re-seeded from ``(seed, rank, update number)`` at every update, as fairseq re-seeds from
@@ -164,8 +165,12 @@ class Trainer:
                                        name=f"{paths['dev'][0]} / {paths['dev'][1]}")
         self.batches = self._train_batches(cfg)
         if drops_late:
-            self.cfg = cfg = budget.dropout_for_budget(cfg, per_update, len(self.batches),
-                                                       self.log)
+            self.cfg = cfg = budget.dropout_for_budget(cfg, self.model_cfg.dropout, per_update,
+                                                       len(self.batches), self.log)
+            p_drop = cfg.model_overrides.get("dropout", self.model_cfg.dropout)
+            if p_drop != self.model_cfg.dropout:    # the rate of a long budget
+                self.model.set_dropout(p_drop)
+                self.model_cfg = self.model.config
 
         self.step = 0           # updates applied
         self.bad_in_a_row = 0

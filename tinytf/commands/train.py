@@ -136,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(train_max_len, valid_bleu_sentences, test_bleu, max_bad_steps, "
                         "dropout_from_epoch: tiny 5, others 1; full_dropout_epochs: tiny 8, "
                         "others 0, a budget of that many epochs or more starts dropout at "
-                        "long_dropout_from_epoch: tiny 3); repeatable")
+                        "long_dropout_from_epoch: tiny 3, at dropout_per_epoch x its "
+                        "epochs: tiny 0.01, up to 0.3); repeatable")
     return p
 
 
