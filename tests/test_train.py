@@ -926,7 +926,8 @@ def test_a_long_budget_raises_the_dropout_rate(data_dir, tmp_path):
             "full_dropout_epochs 8, and 0.01 per epoch of them, at most 0.3" in log)
     assert "--set dropout=0.1 keeps the model's rate" in log
     t.cfg = dataclasses.replace(t.cfg, max_steps=2)
-    t.train()
+    summary = t.train()
+    assert summary["dropout"] == 0.2 and summary["dropout_from_epoch"] == 3
     assert "dropout: none in epochs 1-2, 0.2 from epoch 3 on" in stream.getvalue()
     from tinytf.run_dir import resumed_config
     cfg = resumed_config(TrainConfig(data=data_dir, out=str(tmp_path / "twenty"), resume=True,

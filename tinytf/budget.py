@@ -24,7 +24,7 @@ MIN_FITTED_TOKENS = 1024
 
 MAX_BUDGET_DROPOUT = 0.3
 """The highest P_drop that a long budget raises the model's to (the paper's big model's;
-docs/training.md, "Late dropout")."""
+docs/training.md, "The rate of a long budget")."""
 
 
 def can_halve(max_tokens: int) -> bool:

@@ -586,7 +586,8 @@ class Trainer:
                    "target_tokens_per_s": round(
                        tokens / max(train_seconds - progress.valid_seconds, 1e-9), 1),
                    "skipped_steps": self.skipped, "max_tokens": self.cfg.max_tokens,
-                   "ranks": self.comm.size,
+                   "dropout": self.model_cfg.dropout,
+                   "dropout_from_epoch": self.cfg.dropout_from_epoch, "ranks": self.comm.size,
                    "precision": self.policy.name,
                    "parameters": self.model.num_parameters(), "run_dir": self.run_dir}
         if stop == "signal":
