@@ -835,6 +835,18 @@ def test_budget_epochs():
     assert budget_epochs(None, 1, 50) is None
 
 
+def _preset_dropout_trainer(data_dir, tmp_path, out, *overrides, **kw):
+    """A Trainer with the tiny preset's own dropout options (TINY without its dropout and
+    dropout_from_epoch) and ``overrides`` on top, and the StringIO its log goes to."""
+    import io
+    preset = [x for x in TINY if not x.startswith(("dropout_from_epoch", "dropout="))]
+    cfg = apply_overrides(TrainConfig(data=data_dir, out=str(tmp_path / out), seed=3,
+                                      vocab_size=300, max_tokens=200, save_interval=1000, **kw),
+                          [*preset, *overrides])
+    log = io.StringIO()
+    return trainer.Trainer(cfg, log_stream=log), log
+
+
 def test_late_dropout_gives_way_to_a_long_budget(data_dir, tmp_path):
     """The tiny preset's late dropout (from epoch 5) starts at epoch 3 instead
     (long_dropout_from_epoch) where the budget holds full_dropout_epochs (8) epochs or more:
@@ -842,14 +854,9 @@ def test_late_dropout_gives_way_to_a_long_budget(data_dir, tmp_path):
     dropout_from_epoch is kept whatever the budget, and a resumed run keeps what its start
     chose."""
     import io
-    preset_dropout = [x for x in TINY if not x.startswith(("dropout_from_epoch", "dropout="))]
 
     def start(out, *overrides, **kw):
-        cfg = apply_overrides(TrainConfig(data=data_dir, out=str(tmp_path / out), seed=3,
-                                          vocab_size=300, max_tokens=200, save_interval=1000,
-                                          **kw), [*preset_dropout, *overrides])
-        log = io.StringIO()
-        t = trainer.Trainer(cfg, log_stream=log)
+        t, log = _preset_dropout_trainer(data_dir, tmp_path, out, *overrides, **kw)
         return t, log.getvalue()
 
     probe, _ = start("probe", max_steps=1)
@@ -903,14 +910,9 @@ def test_a_long_budget_raises_the_dropout_rate(data_dir, tmp_path):
     assert budget_dropout(0.1, 0.0, 80) == 0.1            # the paper's presets: off
     assert TrainConfig().resolved().dropout_per_epoch == 0.01
     assert TrainConfig(config="base").resolved().dropout_per_epoch == 0.0
-    preset = [x for x in TINY if not x.startswith(("dropout_from_epoch", "dropout="))]
 
     def start(out, *overrides, **kw):
-        cfg = apply_overrides(TrainConfig(data=data_dir, out=str(tmp_path / out), seed=3,
-                                          vocab_size=300, max_tokens=200, save_interval=1000,
-                                          **kw), [*preset, *overrides])
-        log = io.StringIO()
-        return trainer.Trainer(cfg, log_stream=log), log
+        return _preset_dropout_trainer(data_dir, tmp_path, out, *overrides, **kw)
 
     probe, _ = start("probe", max_steps=1)
     per_epoch = len(probe.batches)

@@ -479,7 +479,7 @@ class Transformer(nn.Module):
         """Make ``p`` the model's P_drop (section 5.4: the sub-layer outputs and the
         embedding sums), in ``config`` too; ``attention_dropout`` and ``relu_dropout``
         keep theirs. The trainer sets a rate chosen for the budget this way, after the
-        model is built (docs/training.md, "Late dropout")."""
+        model is built (docs/training.md, "The rate of a long budget")."""
         self.config = dataclasses.replace(self.config, dropout=p)
         for _, module in self.named_modules():
             if isinstance(module, (SublayerConnection, PositionalEncoding)):
