@@ -783,6 +783,23 @@ def test_late_dropout_resolves_per_preset_and_is_checked():
         TrainConfig(dropout_from_epoch=0).resolved()
 
 
+def test_the_help_lists_each_presets_defaults_as_a_command_line_that_gives_them():
+    """``train.py --help`` ends with each preset's training defaults; read back as a
+    command line, each line is accepted (keys without an option of their own as ``--set``)
+    and resolves to exactly those defaults."""
+    import shlex
+    from tinytf.commands.train import build_parser, config_from_args
+    parser = build_parser()
+    lines = [line for line in parser.epilog.splitlines() if line.startswith("  ")]
+    assert len(lines) == len(TrainConfig.PRESET_DEFAULTS)
+    assert "--set dropout_from_epoch=5" in lines[0] and "--dropout-from-epoch" not in lines[0]
+    for line, (name, defaults) in zip(lines, TrainConfig.PRESET_DEFAULTS.items()):
+        argv = shlex.split(line.split(":", 1)[1].split("(peak lr")[0])
+        config = "tiny" if name == "tiny" else "base"
+        cfg = config_from_args(parser.parse_args(argv + ["--config", config])).resolved()
+        assert {k: getattr(cfg, k) for k in defaults} == defaults
+
+
 def test_late_dropout_trains_without_dropout_until_its_epoch_and_resumes_bitwise(
         data_dir, tmp_path):
     """With dropout_from_epoch=2 the updates of epoch 1 equal, bitwise, those of a model

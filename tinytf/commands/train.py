@@ -28,13 +28,19 @@ from tinytf.train_config import TrainConfig, TrainError, apply_overrides
 USER_ERRORS = (TrainError, DataError, CheckpointError, BPEFileError)
 
 
-def preset_defaults_text() -> str:
-    """The per-preset training defaults as --help lines (from TrainConfig.PRESET_DEFAULTS)."""
+def preset_defaults_text(options) -> str:
+    """The per-preset training defaults as --help lines (from TrainConfig.PRESET_DEFAULTS):
+    ``--max-tokens 2048`` for a key with an option of its own (its name in ``options``),
+    ``--set dropout_from_epoch=5`` for one without."""
+    def flag(key, value):
+        value = f"{value:g}" if isinstance(value, float) else value
+        return (f"--{key.replace('_', '-')} {value}" if key in options else
+                f"--set {key}={value}")
+
     lines = []
     for name, defaults in TrainConfig.PRESET_DEFAULTS.items():
         label = "tiny" if name == "tiny" else "small, base, big"
-        flags = " ".join(f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else
-                         f"--{k.replace('_', '-')} {v}" for k, v in defaults.items())
+        flags = " ".join(flag(k, v) for k, v in defaults.items())
         peak = TrainConfig(config="tiny" if name == "tiny" else "base").tuned_peak()
         lines.append(f"  {label + ':':17s} {flags} (peak lr {peak:.2e}"
                      f"{' for base' if name != 'tiny' else ''})\n")
@@ -47,9 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Without --max-steps and --max-minutes, training stops after 10 minutes.\n"
-               "Per-preset defaults:\n" + preset_defaults_text() + "See docs/training.md.")
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=d.data, help="directory with train.SRC, train.TGT, "
                    f"dev.SRC, dev.TGT and optionally test.SRC, test.TGT (default: {d.data})")
     p.add_argument("--src", default=d.src, help=f"source language suffix (default: {d.src})")
@@ -138,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "others 0, a budget of that many epochs or more starts dropout at "
                         "long_dropout_from_epoch: tiny 3, at dropout_per_epoch x its "
                         "epochs: tiny 0.01, up to 0.3); repeatable")
+    p.epilog = ("Without --max-steps and --max-minutes, training stops after 10 minutes.\n"
+                "Per-preset defaults:\n" + preset_defaults_text({a.dest for a in p._actions})
+                + "See docs/training.md.")
     return p
 
 
