@@ -914,19 +914,22 @@ def test_late_dropout_gives_way_to_a_long_budget(data_dir, tmp_path):
 
 def test_a_long_budget_raises_the_dropout_rate(data_dir, tmp_path):
     """Where the budget starts dropout at epoch 3, the tiny preset's P_drop grows with the
-    epochs: dropout_per_epoch (0.01) of each, from the model's 0.1 up to 0.3. The model
-    trains at that rate, the log says so, a user's ``--set dropout`` is kept, and a resumed
-    run keeps the rate its start chose."""
+    epochs: the model's 0.1 up to 10, then dropout_per_epoch (0.02) more for each, up to
+    0.3. The model trains at that rate, the log says so, a user's ``--set dropout`` is kept,
+    and a resumed run keeps the rate its start chose."""
     import io
     from tinytf.budget import MAX_BUDGET_DROPOUT, budget_dropout
     from tinytf.transformer import SublayerConnection
-    assert budget_dropout(0.1, 0.01, 8) == 0.1            # never below the model's
-    assert budget_dropout(0.1, 0.01, 17.4) == 0.17
-    assert budget_dropout(0.1, 0.01, 80) == MAX_BUDGET_DROPOUT == 0.3
-    assert budget_dropout(0.4, 0.01, 80) == 0.4           # nor lowering a higher one
-    assert budget_dropout(0.1, 0.0, 80) == 0.1            # the paper's presets: off
-    assert TrainConfig().resolved().dropout_per_epoch == 0.01
-    assert TrainConfig(config="base").resolved().dropout_per_epoch == 0.0
+    assert budget_dropout(0.1, 0.02, 10, 9.8) == 0.1      # never below the model's
+    assert budget_dropout(0.1, 0.02, 10, 10) == 0.1
+    assert budget_dropout(0.1, 0.02, 10, 15) == 0.2
+    assert budget_dropout(0.1, 0.02, 10, 17.4) == 0.25
+    assert budget_dropout(0.1, 0.02, 10, 80) == MAX_BUDGET_DROPOUT == 0.3
+    assert budget_dropout(0.4, 0.02, 10, 80) == 0.4       # nor lowering a higher one
+    assert budget_dropout(0.1, 0.0, 0, 80) == 0.1         # the paper's presets: off
+    tiny, base = TrainConfig().resolved(), TrainConfig(config="base").resolved()
+    assert (tiny.dropout_per_epoch, tiny.dropout_rises_after) == (0.02, 10)
+    assert (base.dropout_per_epoch, base.dropout_rises_after) == (0.0, 0)
 
     def start(out, *overrides, **kw):
         return _preset_dropout_trainer(data_dir, tmp_path, out, *overrides, **kw)
@@ -934,27 +937,27 @@ def test_a_long_budget_raises_the_dropout_rate(data_dir, tmp_path):
     probe, _ = start("probe", max_steps=1)
     per_epoch = len(probe.batches)
     probe.close()
-    t, stream = start("twenty", max_steps=20 * per_epoch)
+    t, stream = start("fifteen", max_steps=15 * per_epoch)
     log = stream.getvalue()
     assert t.cfg.dropout_from_epoch == 3 and t.cfg.model_overrides["dropout"] == 0.2
     assert t.model_cfg.dropout == t.model.config.dropout == 0.2
     layers = [m for _, m in t.model.named_modules() if isinstance(m, SublayerConnection)]
     assert layers and all(m.dropout.p == 0.2 for m in layers)
     assert t.model.pos.dropout.p == 0.2
-    assert ("dropout: from epoch 3 at 0.2: the budget holds about 20 epochs, at least "
-            "full_dropout_epochs 8, and 0.01 per epoch of them, at most 0.3" in log)
+    assert ("dropout: from epoch 3 at 0.2: the budget holds about 15 epochs, at least "
+            "full_dropout_epochs 8, and 0.02 more for each past 10, at most 0.3" in log)
     assert "--set dropout=0.1 keeps the model's rate" in log
     t.cfg = dataclasses.replace(t.cfg, max_steps=2)
     summary = t.train()
     assert summary["dropout"] == 0.2 and summary["dropout_from_epoch"] == 3
     assert "dropout: none in epochs 1-2, 0.2 from epoch 3 on" in stream.getvalue()
     from tinytf.run_dir import resumed_config
-    cfg = resumed_config(TrainConfig(data=data_dir, out=str(tmp_path / "twenty"), resume=True,
+    cfg = resumed_config(TrainConfig(data=data_dir, out=str(tmp_path / "fifteen"), resume=True,
                                      max_steps=4), given={"max_steps"}).resolved()
     again = trainer.Trainer(cfg, log_stream=io.StringIO())
     assert again.model_cfg.dropout == again.model.pos.dropout.p == 0.2 and again.step == 2
     again.close()
-    user, stream = start("user", "dropout=0.1", max_steps=20 * per_epoch)
+    user, stream = start("user", "dropout=0.1", max_steps=15 * per_epoch)
     log = stream.getvalue()
     assert user.cfg.dropout_from_epoch == 3 and user.model_cfg.dropout == 0.1
     assert " at 0.1" not in log and "dropout: from epoch 3: the budget" in log

@@ -7,11 +7,12 @@ pace would hold fewer than N updates (:func:`fit_batch_to_budget`): below about 
 updates a small model is short of updates, not of tokens. The ``tiny`` preset's late dropout
 (none in the first epochs, while the data is still new) gives way to dropout from epoch
 ``long_dropout_from_epoch`` where the budget holds ``full_dropout_epochs`` passes over the
-data or more, at a rate that grows with the passes (``dropout_per_epoch`` each, from the
-model's P_drop to :data:`MAX_BUDGET_DROPOUT`; :func:`dropout_for_budget`): a long budget
-overfits without it. Both are measured choices: docs/training.md, "The batch and the budget"
-and "Late dropout". The :class:`~tinytf.trainer.Trainer` measures the pace and applies them
-to its config.
+data or more, at a rate that grows with the passes (``dropout_per_epoch`` for each past
+``dropout_rises_after``, from the model's P_drop to :data:`MAX_BUDGET_DROPOUT`;
+:func:`dropout_for_budget`): a long budget overfits without it. Both are measured choices:
+docs/training.md, "The batch and the budget", "Late dropout" and "The rate of a long
+budget". The :class:`~tinytf.trainer.Trainer` measures the pace and applies them to its
+config.
 """
 from __future__ import annotations
 
@@ -92,11 +93,13 @@ def drops_late(cfg, model_cfg) -> bool:
                         model_cfg.relu_dropout) > 0)
 
 
-def budget_dropout(p_drop: float, per_epoch: float, epochs: float) -> float:
-    """The P_drop for a budget of ``epochs`` passes over the data: ``per_epoch`` for each,
-    rounded to two decimals, never below the model's ``p_drop`` nor above
-    :data:`MAX_BUDGET_DROPOUT` (nor ever lowering a ``p_drop`` above it)."""
-    return max(p_drop, min(MAX_BUDGET_DROPOUT, round(per_epoch * epochs, 2)))
+def budget_dropout(p_drop: float, per_epoch: float, rises_after: float,
+                   epochs: float) -> float:
+    """The P_drop for a budget of ``epochs`` passes over the data: the model's ``p_drop``
+    raised by ``per_epoch`` for each epoch past ``rises_after``, rounded to two decimals, at
+    most :data:`MAX_BUDGET_DROPOUT` (and never lowering a ``p_drop`` above it)."""
+    raised = round(p_drop + per_epoch * max(0.0, epochs - rises_after), 2)
+    return max(p_drop, min(MAX_BUDGET_DROPOUT, raised))
 
 
 def dropout_for_budget(cfg, p_drop: float, per_update: float | None, batches_per_epoch: int,
@@ -118,14 +121,14 @@ def dropout_for_budget(cfg, p_drop: float, per_update: float | None, batches_per
     first = cfg.long_dropout_from_epoch
     when = "the first epoch" if first == 1 else f"epoch {first}"
     overrides = dict(cfg.model_overrides)
-    rate = p_drop if "dropout" in overrides else budget_dropout(p_drop, cfg.dropout_per_epoch,
-                                                                epochs)
+    rate = p_drop if "dropout" in overrides else budget_dropout(
+        p_drop, cfg.dropout_per_epoch, cfg.dropout_rises_after, epochs)
     at = why = keep = ""
     if rate != p_drop:
         overrides["dropout"] = rate
         at = f" at {rate:g}"
-        why = (f", and {cfg.dropout_per_epoch:g} per epoch of them, at most "
-               f"{MAX_BUDGET_DROPOUT:g}")
+        why = (f", and {cfg.dropout_per_epoch:g} more for each past "
+               f"{cfg.dropout_rises_after}, at most {MAX_BUDGET_DROPOUT:g}")
         keep = f"--set dropout={p_drop:g} keeps the model's rate, "
     log.info(f"dropout: from {when}{at}: the budget holds about {epochs:.0f} epochs, at "
              f"least full_dropout_epochs {cfg.full_dropout_epochs}{why} (docs/training.md, "

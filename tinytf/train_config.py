@@ -74,7 +74,8 @@ class TrainConfig:
     dropout_from_epoch: int | None = None  # the model's dropout acts from this epoch on (1: all)
     full_dropout_epochs: int | None = None  # a budget of this many epochs or more drops ...
     long_dropout_from_epoch: int | None = None  # ... from this epoch on (tiny 3, others 1)
-    dropout_per_epoch: float | None = None  # ... at P_drop this x epochs (tiny 0.01, others 0)
+    dropout_per_epoch: float | None = None  # ... raising P_drop this much per epoch (tiny 0.02) ...
+    dropout_rises_after: int | None = None  # ... of the budget's past this many (tiny 10)
     max_epochs: int | None = None     # stop after this many passes over the training data
     patience: int = 0                 # stop after N validations without a better best_metric
     best_metric: str = "loss"         # checkpoint_best.npz and patience: dev "loss" or "bleu"
@@ -88,16 +89,17 @@ class TrainConfig:
         # batches, halved (to 1,024 at least) where the machine's pace gives a time budget
         # fewer than 1,500 updates of them; a 4k BPE (and the tiny preset's pre-LN); the
         # model's dropout (0.1) only from the 5th epoch on ("late dropout"), or from the
-        # 3rd where the budget holds 8 epochs or more, at a rate of 0.01 per epoch of the
-        # budget there (0.1 to 0.3: a budget of many passes overfits at the paper's 0.1).
+        # 3rd where the budget holds 8 epochs or more, raised by 0.02 for each epoch of the
+        # budget past 10 (0.1 to 0.3: a budget of many passes overfits at the paper's 0.1).
         "tiny": dict(max_tokens=2048, min_updates=1500, lr_schedule="linear", lr=2e-3,
                      warmup=4000, vocab_size=4000, save_interval=200, dropout_from_epoch=5,
-                     full_dropout_epochs=8, long_dropout_from_epoch=3, dropout_per_epoch=0.01),
+                     full_dropout_epochs=8, long_dropout_from_epoch=3, dropout_per_epoch=0.02,
+                     dropout_rises_after=10),
         # The paper: warmup 4000, factor 1 (its batches held ~25k tokens per side).
         "default": dict(max_tokens=4096, min_updates=0, lr_schedule="noam", lr_factor=1.0,
                         warmup=4000, vocab_size=8000, save_interval=1000,
                         dropout_from_epoch=1, full_dropout_epochs=0, long_dropout_from_epoch=1,
-                        dropout_per_epoch=0.0),
+                        dropout_per_epoch=0.0, dropout_rises_after=0),
     }
 
     def resolved(self) -> "TrainConfig":
@@ -234,7 +236,8 @@ class TrainConfig:
             raise TrainError(f"--best-metric {self.best_metric!r}: choose loss or bleu")
         for key in ("max_steps", "max_minutes", "min_updates", "clip_norm", "keep_last",
                     "max_epochs", "full_dropout_epochs", "dropout_per_epoch",
-                    "patience", "valid_bleu_sentences", "valid_samples", "test_beam"):
+                    "dropout_rises_after", "patience", "valid_bleu_sentences", "valid_samples",
+                    "test_beam"):
             if getattr(self, key) is not None and getattr(self, key) < 0:
                 raise TrainError(f"{key} must not be negative, got {getattr(self, key)}")
 

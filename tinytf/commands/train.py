@@ -140,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(train_max_len, valid_bleu_sentences, test_bleu, max_bad_steps, "
                         "dropout_from_epoch: tiny 5, others 1; full_dropout_epochs: tiny 8, "
                         "others 0, a budget of that many epochs or more starts dropout at "
-                        "long_dropout_from_epoch: tiny 3, at dropout_per_epoch x its "
-                        "epochs: tiny 0.01, up to 0.3); repeatable")
+                        "long_dropout_from_epoch: tiny 3, its rate raised by "
+                        "dropout_per_epoch, tiny 0.02, for each epoch past "
+                        "dropout_rises_after, tiny 10, up to 0.3); repeatable")
     p.epilog = ("Without --max-steps and --max-minutes, training stops after 10 minutes.\n"
                 "Per-preset defaults:\n" + preset_defaults_text({a.dest for a in p._actions})
                 + "See docs/training.md.")
