@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "dropout_per_epoch, tiny 0.02, for each epoch past "
                         "dropout_rises_after, tiny 10, up to 0.3); repeatable")
     p.epilog = ("Without --max-steps and --max-minutes, training stops after 10 minutes.\n"
-                "Per-preset defaults:\n" + preset_defaults_text({a.dest for a in p._actions})
+                "Per-preset defaults:\n" + preset_defaults_text(vars(p.parse_args([])))
                 + "See docs/training.md.")
     return p
 
