@@ -143,8 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "long_dropout_from_epoch: tiny 3, its rate raised by "
                         "dropout_per_epoch, tiny 0.02, for each epoch past "
                         "dropout_rises_after, tiny 10, up to 0.3); repeatable")
+    options = vars(p.parse_args([]))    # every option's TrainConfig name, at its default
     p.epilog = ("Without --max-steps and --max-minutes, training stops after 10 minutes.\n"
-                "Per-preset defaults:\n" + preset_defaults_text(vars(p.parse_args([])))
+                "Per-preset defaults:\n" + preset_defaults_text(options)
                 + "See docs/training.md.")
     return p
 
