@@ -867,9 +867,9 @@ def _preset_dropout_trainer(data_dir, tmp_path, out, *overrides, **kw):
 def test_late_dropout_gives_way_to_a_long_budget(data_dir, tmp_path):
     """The tiny preset's late dropout (from epoch 5) starts at epoch 3 instead
     (long_dropout_from_epoch) where the budget holds full_dropout_epochs (8) epochs or more:
-    by --max-steps, by --max-minutes at the measured pace, capped by --max-epochs; a user's
-    dropout_from_epoch is kept whatever the budget, and a resumed run keeps what its start
-    chose."""
+    a step budget decides before the first update; a user's dropout_from_epoch is kept
+    whatever the budget, and a resumed run keeps what its start chose. (A time budget:
+    the next test.)"""
     import io
 
     def start(out, *overrides, **kw):
@@ -878,14 +878,13 @@ def test_late_dropout_gives_way_to_a_long_budget(data_dir, tmp_path):
 
     probe, _ = start("probe", max_steps=1)
     per_epoch = len(probe.batches)
-    epochs = probe.cfg.full_dropout_epochs
+    epochs = TrainConfig().resolved().full_dropout_epochs
     assert epochs == 8 and probe.cfg.dropout_from_epoch == 5
     assert probe.cfg.long_dropout_from_epoch == 3
+    assert probe.cfg.full_dropout_epochs == 0       # decided: late dropout, whatever comes
     probe.close()
     for out, kw, first in (("long", dict(max_steps=epochs * per_epoch), 3),
-                           ("short", dict(max_steps=epochs * per_epoch - 1), 5),
-                           ("timed", dict(max_minutes=10_000, min_updates=0), 3),
-                           ("capped", dict(max_minutes=10_000, max_epochs=epochs - 1), 5)):
+                           ("short", dict(max_steps=epochs * per_epoch - 1), 5)):
         t, log = start(out, **kw)
         assert t.cfg.dropout_from_epoch == first, out
         assert ("dropout: from epoch 3" in log) == (first == 3)
@@ -910,6 +909,66 @@ def test_late_dropout_gives_way_to_a_long_budget(data_dir, tmp_path):
     assert "dropout: from epoch 3" not in log.getvalue()
     assert "resuming with changed" not in log.getvalue()
     again.close()
+
+
+def test_a_time_budget_decides_dropout_at_the_pace_of_its_first_epochs(data_dir, tmp_path):
+    """With --max-minutes the choice waits for the first update of epoch 3: the passes
+    the budget holds are counted at the pace of epochs 1-2 (here capped by --max-epochs,
+    so that the count is exact), the log, config.json and the checkpoints state it, and a
+    run stopped before epoch 3 decides when its resumed part gets there."""
+    import io
+    from tinytf.run_dir import resumed_config
+
+    def run(out, max_epochs, **kw):
+        t, log = _preset_dropout_trainer(data_dir, tmp_path, out, max_minutes=10_000,
+                                         min_updates=0, max_epochs=max_epochs, **kw)
+        assert t.cfg.dropout_from_epoch == 5 and t.dropout_decided_at == 3
+        assert t.model_cfg.dropout == 0.1
+        return t.train(), log.getvalue()
+
+    summary, log = run("long", 8)
+    assert ("dropout: none in epochs 1-2; then, at the pace of those epochs, from epoch 3 "
+            "(at 0.1, 0.02 more for each epoch past 10, at most 0.3) if the budget holds "
+            "full_dropout_epochs 8 epochs or more, else 0.1 from epoch 5" in log)
+    assert "dropout: none in epochs 1-4" not in log
+    assert "dropout: from epoch 3: the budget holds about 8.0 epochs at the pace of " \
+           "epochs 1-2 (" in log
+    assert log.index("dropout: from epoch 3:") < log.index("epoch 3: dropout 0.1 from here on")
+    assert summary["dropout_from_epoch"] == 3 and summary["epoch"] == 8
+    saved = checkpoint.load(tmp_path / "long" / checkpoint.LAST).meta["train_config"]
+    assert saved["dropout_from_epoch"] == 3
+    config = json.loads((tmp_path / "long" / "config.json").read_text())
+    assert "dropout_from_epoch" in json.dumps(config) and '"dropout_from_epoch": 3' in \
+        json.dumps(config)
+
+    summary, log = run("short", 7)
+    assert ("dropout: 0.1 from epoch 5 (late dropout): the budget holds about 7.0 epochs "
+            "at the pace of epochs 1-2 (" in log)
+    assert "epoch 5: dropout 0.1 from here on" in log and "epoch 3: dropout" not in log
+    saved = checkpoint.load(tmp_path / "short" / checkpoint.LAST).meta["train_config"]
+    assert (saved["dropout_from_epoch"], saved["full_dropout_epochs"]) == (5, 0)
+
+    # Stopped in epoch 2 (as by a signal), resumed with its first command: the resumed
+    # part decides.
+    class StopInEpoch2(trainer.Trainer):
+        def _account(self, result, progress):
+            super()._account(result, progress)
+            self.signals.requested = self.signals.requested or self.batches.epoch == 2
+
+    t, _ = _preset_dropout_trainer(data_dir, tmp_path, "resumed", max_minutes=10_000,
+                                   min_updates=0, max_epochs=8)
+    t.close()
+    t = StopInEpoch2(t.cfg, log_stream=io.StringIO())
+    stopped = t.train()
+    assert stopped["stopped"] == "signal" and stopped["epoch"] == 2
+    cfg = resumed_config(TrainConfig(data=data_dir, out=str(tmp_path / "resumed"),
+                                     resume=True, max_minutes=10_000, max_epochs=8),
+                         given={"max_minutes", "max_epochs"}).resolved()
+    log = io.StringIO()
+    again = trainer.Trainer(cfg, log_stream=log)
+    assert again.dropout_decided_at == 3 and again.cfg.dropout_from_epoch == 5
+    assert again.train()["dropout_from_epoch"] == 3
+    assert "dropout: from epoch 3: the budget holds about" in log.getvalue()
 
 
 def test_a_long_budget_raises_the_dropout_rate(data_dir, tmp_path):

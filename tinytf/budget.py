@@ -1,5 +1,7 @@
-"""What a budget holds, decided before the first update: the batch fitted to the machine's
-pace, and the epoch that dropout starts from.
+"""What a budget holds: the batch fitted to the machine's pace (before the first update),
+and the epoch that dropout starts from and its rate (before the first update for a step
+budget; at the first update of epoch ``long_dropout_from_epoch`` for a time budget, at the
+pace of the epochs before it).
 
 A run with a time budget (``--max-minutes``) and ``--min-updates`` N (the ``tiny`` preset's
 1,500) times a few passes of its largest batch and halves the batch while the budget at that
@@ -12,7 +14,9 @@ data or more, at a rate that grows with the passes (``dropout_per_epoch`` for ea
 :func:`dropout_for_budget`): a long budget overfits without it. Both are measured choices:
 docs/training.md, "The batch and the budget", "Late dropout" and "The rate of a long
 budget". The :class:`~tinytf.trainer.Trainer` measures the pace and applies them to its
-config.
+config. A time budget's passes are counted by the run's own first epochs, validation and
+checkpoints included, since a few timed passes before the first update miss both and
+vary from one start to the next.
 """
 from __future__ import annotations
 
@@ -102,22 +106,66 @@ def budget_dropout(p_drop: float, per_epoch: float, rises_after: float,
     return max(p_drop, min(MAX_BUDGET_DROPOUT, raised))
 
 
-def dropout_for_budget(cfg, p_drop: float, per_update: float | None, batches_per_epoch: int,
-                       log):
-    """``cfg`` with dropout from epoch ``long_dropout_from_epoch`` where the budget holds
-    ``full_dropout_epochs`` passes over the training data or more (the updates of
-    ``--max-steps``, or of ``--max-minutes`` at ``per_update`` seconds each, whichever are
-    fewer, or ``--max-epochs``), at the rate :func:`budget_dropout` gives the model's
-    ``p_drop`` for them (in ``model_overrides``; unless the user set ``dropout``); ``cfg``
-    itself otherwise. Late dropout pays where the budget is mostly first passes; a long one
-    overfits without dropout in its first epochs, and the more so the more passes it makes."""
+def upfront_epochs(cfg, per_update: float | None, batches_per_epoch: int) -> float | None:
+    """The passes over the training data that the budget holds, counted before the first
+    update: the updates of ``--max-steps``, or of ``--max-minutes`` at ``per_update``
+    seconds each (a few timed passes), whichever are fewer, or ``--max-epochs``."""
     updates = [cfg.max_steps] if cfg.max_steps else []
     if cfg.max_minutes and per_update:
         updates.append(cfg.max_minutes * 60.0 / per_update)
-    epochs = budget_epochs(min(updates, default=None), cfg.update_freq, batches_per_epoch,
-                           cfg.max_epochs)
+    return budget_epochs(min(updates, default=None), cfg.update_freq, batches_per_epoch,
+                         cfg.max_epochs)
+
+
+def defers_dropout(cfg) -> bool:
+    """Whether the choice of :func:`dropout_for_budget` waits for the start of epoch
+    ``long_dropout_from_epoch``, where the run's own pace over the epochs before it counts
+    a time budget's passes (:func:`epochs_at_pace`): a time budget, and epochs before it."""
+    return bool(cfg.max_minutes and cfg.long_dropout_from_epoch > 1)
+
+
+def epochs_at_pace(cfg, epochs_done: int, spent: float, batches_per_epoch: int) -> float:
+    """The passes over the training data that the budget holds at the pace of the run's
+    first ``epochs_done`` epochs, which took the fraction ``spent`` of ``--max-minutes``
+    (validation and checkpoints included, as the budget counts them): ``epochs_done /
+    spent``, or fewer where ``--max-steps`` or ``--max-epochs`` end the run first."""
+    counts = [epochs_done / max(spent, 1e-9)]
+    steps = budget_epochs(cfg.max_steps or None, cfg.update_freq, batches_per_epoch,
+                          cfg.max_epochs)
+    return min(counts + ([steps] if steps is not None else []))
+
+
+def pending_dropout_plan(cfg, p_drop: float) -> str:
+    """The first log lines' dropout plan while :func:`defers_dropout` waits."""
+    first, late = cfg.long_dropout_from_epoch, cfg.dropout_from_epoch
+    rate = (f" (at {p_drop:g}, {cfg.dropout_per_epoch:g} more for each epoch past "
+            f"{cfg.dropout_rises_after}, at most {MAX_BUDGET_DROPOUT:g})"
+            if cfg.dropout_per_epoch else "")
+    return (f"dropout: none in epochs 1-{first - 1}; then, at the pace of those epochs, "
+            f"from epoch {first}{rate} if the budget holds full_dropout_epochs "
+            f"{cfg.full_dropout_epochs} epochs or more, else {p_drop:g} from epoch {late} "
+            f"(late dropout; docs/training.md, \"Late dropout\"; --set dropout_from_epoch=1 "
+            f"drops from the start)")
+
+
+def dropout_for_budget(cfg, p_drop: float, epochs: float | None, log, pace: str = ""):
+    """``cfg`` with its dropout decided for a budget of ``epochs`` passes over the training
+    data (None: not known): from epoch ``long_dropout_from_epoch`` where they are
+    ``full_dropout_epochs`` or more, at the rate :func:`budget_dropout` gives the model's
+    ``p_drop`` for them (in ``model_overrides``; unless the user set ``dropout``); else the
+    preset's late dropout, kept whatever the budget from then on (``full_dropout_epochs``
+    0). Late dropout pays where the budget is mostly first passes; a long one overfits
+    without dropout in its first epochs, and the more so the more passes it makes.
+    ``pace``: how the epochs were counted, for the log line (which a decision before the
+    first update writes only for the long budget: the run's first lines state late
+    dropout)."""
     if epochs is None or epochs < cfg.full_dropout_epochs:
-        return cfg
+        if pace and epochs is not None:
+            log.info(f"dropout: {p_drop:g} from epoch {cfg.dropout_from_epoch} (late "
+                     f"dropout): the budget holds about {epochs:.1f} epochs{pace}, fewer "
+                     f"than full_dropout_epochs {cfg.full_dropout_epochs} (docs/training.md, "
+                     f"\"Late dropout\")")
+        return dataclasses.replace(cfg, full_dropout_epochs=0)
     first = cfg.long_dropout_from_epoch
     when = "the first epoch" if first == 1 else f"epoch {first}"
     overrides = dict(cfg.model_overrides)
@@ -130,8 +178,8 @@ def dropout_for_budget(cfg, p_drop: float, per_update: float | None, batches_per
         why = (f", and {cfg.dropout_per_epoch:g} more for each past "
                f"{cfg.dropout_rises_after}, at most {MAX_BUDGET_DROPOUT:g}")
         keep = f"--set dropout={p_drop:g} keeps the model's rate, "
-    log.info(f"dropout: from {when}{at}: the budget holds about {epochs:.0f} epochs, at "
-             f"least full_dropout_epochs {cfg.full_dropout_epochs}{why} (docs/training.md, "
-             f"\"Late dropout\"; {keep}--set dropout_from_epoch={cfg.dropout_from_epoch} "
-             f"keeps late dropout)")
+    log.info(f"dropout: from {when}{at}: the budget holds about {epochs:.{1 if pace else 0}f} "
+             f"epochs{pace}, at least full_dropout_epochs {cfg.full_dropout_epochs}{why} "
+             f"(docs/training.md, \"Late dropout\"; {keep}--set "
+             f"dropout_from_epoch={cfg.dropout_from_epoch} keeps late dropout)")
     return dataclasses.replace(cfg, dropout_from_epoch=first, model_overrides=overrides)

@@ -124,10 +124,11 @@ def write_run_config(run_dir: str, cfg, ranks: int, device: str) -> str:
 
 def log_run_start(log: Logger, cfg, mc, data, step: int, *, parameters: int, ranks: int,
                   device: str, precision: str, dev_pairs: int, batches: int,
-                  schedule) -> None:
+                  schedule, dropout_plan: str = "") -> None:
     """The first lines of a run: the model (``mc``, its config), processes, device and
     precision; the training ``data`` (a ParallelCorpus) and batches; the schedule and the
-    budget, and a warning when the peak is far from the preset's."""
+    budget, and a warning when the peak is far from the preset's; late dropout, or the
+    ``dropout_plan`` line of a choice still to come."""
     graphs = ", CUDA graphs (one per padded batch shape)" if cfg.cuda_graph else ""
     norms = ("pre-LN" if mc.pre_norm else "post-LN") + (", QK-norm" if mc.qk_norm else "")
     log.info(f"{'resuming at step ' + str(step) if step else 'training'} {cfg.config} "
@@ -144,7 +145,9 @@ def log_run_start(log: Logger, cfg, mc, data, step: int, *, parameters: int, ran
               count_of(cfg.max_epochs, "epoch") if cfg.max_epochs else ""]
     log.info(f"schedule: {schedule.describe()}; stop after "
              f"{' or '.join(x for x in limits if x)}")
-    if cfg.dropout_from_epoch > 1 and mc.dropout > 0:
+    if dropout_plan:
+        log.info(dropout_plan)
+    elif cfg.dropout_from_epoch > 1 and mc.dropout > 0:
         log.info(f"dropout: none in epochs 1-{cfg.dropout_from_epoch - 1}, "
                  f"{mc.dropout:g} from epoch {cfg.dropout_from_epoch} on (late dropout; "
                  "--set dropout_from_epoch=1 drops from the start)")

@@ -58,7 +58,7 @@ from .stop_signals import StopSignals
 # (TrainConfig and apply_overrides are also re-exported: callers import them from here.)
 from .train_config import (BPE_FILE, TrainConfig, TrainError, apply_overrides,  # noqa: F401
                            model_config_for)
-from .train_log import (Logger, format_seconds, log_run_start, log_validation,
+from .train_log import (Logger, count_of, format_seconds, log_run_start, log_validation,
                         log_window, write_run_config)
 from .train_progress import Progress
 from .transformer import Transformer, label_smoothed_loss
@@ -151,9 +151,12 @@ class Trainer:
         # policy; a loss scaler only for fp16 (a pass-through otherwise).
         self.policy = amp.Policy(cfg.precision)
         self.scaler = amp.DynamicLossScaler(enabled=self.policy.loss_scaling)
-        drops_late = not cfg.resume and budget.drops_late(cfg, self.model_cfg)
+        # The tiny preset's dropout depends on the passes the budget holds: counted now, or,
+        # for a time budget, at the pace of the first epochs when they are over.
+        drops_late = budget.drops_late(cfg, self.model_cfg)
+        decide_now = drops_late and not budget.defers_dropout(cfg)
         per_update = None   # seconds per update at cfg.max_tokens, where measured
-        if cfg.max_minutes and (cfg.fits_batch() or drops_late):
+        if cfg.max_minutes and (cfg.fits_batch() or decide_now):
             per_update = self._pace(cfg)
         if cfg.fits_batch():
             self.cfg = cfg = budget.fit_batch_to_budget(cfg, per_update, self.log)
@@ -164,13 +167,14 @@ class Trainer:
                                        min(self.model_cfg.max_len, cfg.max_tokens),
                                        name=f"{paths['dev'][0]} / {paths['dev'][1]}")
         self.batches = self._train_batches(cfg)
-        if drops_late:
-            self.cfg = cfg = budget.dropout_for_budget(cfg, self.model_cfg.dropout, per_update,
-                                                       len(self.batches), self.log)
-            p_drop = cfg.model_overrides.get("dropout", self.model_cfg.dropout)
-            if p_drop != self.model_cfg.dropout:    # the rate of a long budget
-                self.model.set_dropout(p_drop)
-                self.model_cfg = self.model.config
+        self.dropout_decided_at = None  # the epoch whose first update decides dropout
+        if decide_now:
+            self._set_dropout_plan(budget.dropout_for_budget(
+                cfg, self.model_cfg.dropout,
+                budget.upfront_epochs(cfg, per_update, len(self.batches)), self.log))
+            cfg = self.cfg
+        elif drops_late:
+            self.dropout_decided_at = cfg.long_dropout_from_epoch
 
         self.step = 0           # updates applied
         self.bad_in_a_row = 0
@@ -184,11 +188,39 @@ class Trainer:
         self._progress_at_start = 0.0   # budget fraction spent before this invocation
         if resume is not None:
             self._restore(resume)
+            if self.dropout_decided_at and self.batches.epoch >= self.dropout_decided_at:
+                self.dropout_decided_at = None  # (a run of older code: late dropout, kept)
         self.manager = checkpoint.CheckpointManager(
             self.run_dir, cfg.keep_last, metric=self.metric_key,
             higher_is_better=cfg.best_metric == "bleu") if self.root else None
         if self.root:
             write_run_config(self.run_dir, cfg, self.comm.size, self.device)
+
+    def _set_dropout_plan(self, cfg) -> None:
+        """Train on with ``cfg``, whose dropout :func:`budget.dropout_for_budget` decided,
+        and the model at its rate where that raised it."""
+        self.cfg = cfg
+        p_drop = cfg.model_overrides.get("dropout", self.model_cfg.dropout)
+        if p_drop != self.model_cfg.dropout:    # the rate of a long budget
+            self.model.set_dropout(p_drop)
+            self.model_cfg = self.model.config
+
+    def _decide_dropout_at_pace(self) -> None:
+        """At the first update of epoch ``dropout_decided_at``: decide dropout for the
+        passes the time budget holds at the pace of the epochs before it (rank 0's clock,
+        so every rank decides alike); the run's options (config.json, the checkpoints)
+        keep the choice."""
+        done = self.dropout_decided_at - 1
+        spent = self.comm.broadcast_object(self._progress.time_spent())
+        epochs = budget.epochs_at_pace(self.cfg, done, spent, len(self.batches))
+        took = format_seconds(60 * spent * self.cfg.max_minutes)
+        pace = f" at the pace of epochs 1-{done} ({took} of " \
+               f"{count_of(self.cfg.max_minutes, 'minute')})"
+        self.dropout_decided_at = None
+        self._set_dropout_plan(budget.dropout_for_budget(
+            self.cfg, self.model_cfg.dropout, epochs, self.log, pace=pace))
+        if self.root:
+            write_run_config(self.run_dir, self.cfg, self.comm.size, self.device)
 
     def _train_batches(self, cfg) -> BatchIterator:
         """This rank's token batches of the training pairs at ``cfg.max_tokens``, from the
@@ -250,7 +282,8 @@ class Trainer:
                       parameters=self.model.num_parameters(), ranks=self.comm.size,
                       device=self.device, precision=self.policy.name,
                       dev_pairs=len(self.dev_data), batches=self.batches.n_batches,
-                      schedule=self.schedule)
+                      schedule=self.schedule, dropout_plan=budget.pending_dropout_plan(
+                          self.cfg, self.model_cfg.dropout) if self.dropout_decided_at else "")
 
     # ---- the loop (section 5) ----------------------------------------------------------
 
@@ -303,6 +336,9 @@ class Trainer:
         self.launched += 1
         seed = _step_seed(self.cfg.seed, self.comm.rank, self.launched)
         backend.manual_seed(seed)
+        if (self.dropout_decided_at and self._progress is not None
+                and self.batches.epoch >= self.dropout_decided_at):
+            self._decide_dropout_at_pace()
         dropout = self.dropout_on()
         if dropout != self._dropout:
             if self._dropout is not None and self.root and self.model_cfg.dropout > 0:
