@@ -374,3 +374,21 @@ def test_ranks_given_different_corpora_stop_at_once(train_runs, tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "rank 1: the training corpus" in out, out[-3000:]
     assert "step 1 |" not in out
+
+
+@requires_mpi
+def test_a_time_budget_decides_dropout_alike_on_every_rank(train_runs, tmp_path):
+    """The tiny preset's dropout for a time budget is decided at the first update of
+    epoch 3 from rank 0's clock: both ranks switch together (no rank waits in a collective
+    the other left), and the checkpoint holds the choice."""
+    args = [*TRAIN_ARGS, "--set", "dropout=0.1", "--max-minutes", "10000", "--max-epochs",
+            "8", "--min-updates", "0", "--save-interval", "1000", "--log-interval", "1000"]
+    code, out, _ = run_train(tmp_path / "run", train_runs["dir"] / "data", *args, ranks=2)
+    assert code == 0, out[-4000:]
+    assert out.count("dropout: from epoch 3: the budget holds about 8.0 epochs at the pace "
+                     "of epochs 1-2") == 1, out[-4000:]
+    summary = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
+    assert summary["ranks"] == 2 and summary["epoch"] == 8
+    assert summary["dropout_from_epoch"] == 3 and summary["stopped"] == "max_epochs"
+    saved = checkpoint.load(str(tmp_path / "run" / checkpoint.LAST)).meta["train_config"]
+    assert saved["dropout_from_epoch"] == 3
