@@ -151,10 +151,12 @@ class Trainer:
         # policy; a loss scaler only for fp16 (a pass-through otherwise).
         self.policy = amp.Policy(cfg.precision)
         self.scaler = amp.DynamicLossScaler(enabled=self.policy.loss_scaling)
-        # The tiny preset's dropout depends on the passes the budget holds: counted now, or,
-        # for a time budget, at the pace of the first epochs when they are over.
+        # The tiny preset's dropout depends on the passes the budget holds: a step budget's
+        # are counted now, a time budget's at the pace of its first epochs, when they are
+        # over (also in a resumed part); a resumed run keeps what was decided.
         drops_late = budget.drops_late(cfg, self.model_cfg)
-        decide_now = drops_late and not budget.defers_dropout(cfg)
+        defers = drops_late and budget.defers_dropout(cfg)
+        decide_now = drops_late and not defers and not cfg.resume
         per_update = None   # seconds per update at cfg.max_tokens, where measured
         if cfg.max_minutes and (cfg.fits_batch() or decide_now):
             per_update = self._pace(cfg)
@@ -173,7 +175,7 @@ class Trainer:
                 cfg, self.model_cfg.dropout,
                 budget.upfront_epochs(cfg, per_update, len(self.batches)), self.log))
             cfg = self.cfg
-        elif drops_late:
+        elif defers:
             self.dropout_decided_at = cfg.long_dropout_from_epoch
 
         self.step = 0           # updates applied
@@ -189,7 +191,7 @@ class Trainer:
         if resume is not None:
             self._restore(resume)
             if self.dropout_decided_at and self.batches.epoch >= self.dropout_decided_at:
-                self.dropout_decided_at = None  # (a run of older code: late dropout, kept)
+                self.dropout_decided_at = None  # past it: late dropout (older code), kept
         self.manager = checkpoint.CheckpointManager(
             self.run_dir, cfg.keep_last, metric=self.metric_key,
             higher_is_better=cfg.best_metric == "bleu") if self.root else None
