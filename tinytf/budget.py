@@ -129,10 +129,9 @@ def epochs_at_pace(cfg, epochs_done: int, spent: float, batches_per_epoch: int) 
     first ``epochs_done`` epochs, which took the fraction ``spent`` of ``--max-minutes``
     (validation and checkpoints included, as the budget counts them): ``epochs_done /
     spent``, or fewer where ``--max-steps`` or ``--max-epochs`` end the run first."""
-    counts = [epochs_done / max(spent, 1e-9)]
-    steps = budget_epochs(cfg.max_steps or None, cfg.update_freq, batches_per_epoch,
-                          cfg.max_epochs)
-    return min(counts + ([steps] if steps is not None else []))
+    timed = epochs_done / max(spent, 1e-9)
+    steps = upfront_epochs(cfg, None, batches_per_epoch)    # --max-steps, --max-epochs
+    return timed if steps is None else min(timed, steps)
 
 
 def pending_dropout_plan(cfg, p_drop: float) -> str:
@@ -160,7 +159,7 @@ def dropout_for_budget(cfg, p_drop: float, epochs: float | None, log, pace: str 
     first update writes only for the long budget: the run's first lines state late
     dropout)."""
     if epochs is None or epochs < cfg.full_dropout_epochs:
-        if pace and epochs is not None:
+        if pace:    # (a choice at the pace of the first epochs: always a count)
             log.info(f"dropout: {p_drop:g} from epoch {cfg.dropout_from_epoch} (late "
                      f"dropout): the budget holds about {epochs:.1f} epochs{pace}, fewer "
                      f"than full_dropout_epochs {cfg.full_dropout_epochs} (docs/training.md, "
