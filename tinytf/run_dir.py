@@ -123,7 +123,7 @@ def resumed_model_config(ckpt, wanted, bpe_sha: str, run_dir: str, given=()):
 
 
 RESUME_SENSITIVE = ("seed", "max_tokens", "update_freq", "lr_schedule", "lr", "warmup",
-                    "lr_factor", "precision", "dropout_from_epoch")
+                    "lr_factor", "optimizer", "precision", "dropout_from_epoch")
 """Options that a resumed run may change, at the price of not matching a straight run."""
 
 
@@ -162,6 +162,7 @@ def resumed_config(cfg, given, assignments=()):
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     options = {k: v for k, v in saved.items() if k in fields}
     options.setdefault("dropout_from_epoch", 1)  # older runs had their dropout from the start
+    options.setdefault("optimizer", "adam")      # ... and Adam without the rectifier
     if any(k in given for k in SCHEDULE_KEYS):
         options.update({k: getattr(cfg, k) for k in SCHEDULE_KEYS})
     if "save_interval" in given and "valid_interval" not in given:

@@ -19,6 +19,11 @@ BPE_FILE = "bpe.json"
 CORPUS_DIR = "corpus"   # RUNDIR/corpus: the encoded training pairs (tinytf.corpus_file)
 
 
+OPTIMIZERS = ("adam", "radam")
+"""--optimizer: Adam(0.9, 0.98, 1e-9), the paper's; or the same with RAdam's rectifier
+(``tinytf.optim.Adam(rectify=True)``)."""
+
+
 class TrainError(RuntimeError):
     """A problem the user can fix (bad option, run directory, resume mismatch, divergence);
     train.py prints the message without a traceback."""
@@ -54,6 +59,7 @@ class TrainConfig:
     lr: float | None = None           # peak learning rate (inverse_sqrt, linear)
     warmup: int | None = None
     lr_factor: float | None = None    # factor of the paper's schedule (noam)
+    optimizer: str | None = None      # adam | radam (Adam with RAdam's rectifier, tinytf.optim)
     vocab_size: int | None = None     # joint BPE pieces (specials and 256 bytes included)
     seed: int = 1
     resume: bool = False
@@ -91,12 +97,13 @@ class TrainConfig:
         # model's dropout (0.1) only from the 5th epoch on ("late dropout"), or from the
         # 3rd where the budget holds 8 epochs or more, raised by 0.02 for each epoch of the
         # budget past 10 (0.1 to 0.3: a budget of many passes overfits at the paper's 0.1).
-        "tiny": dict(max_tokens=2048, min_updates=1500, lr_schedule="linear", lr=2e-3,
-                     warmup=4000, vocab_size=4000, save_interval=200, dropout_from_epoch=5,
+        "tiny": dict(optimizer="adam", max_tokens=2048, min_updates=1500, lr_schedule="linear",
+                     lr=2e-3, warmup=4000, vocab_size=4000, save_interval=200, dropout_from_epoch=5,
                      full_dropout_epochs=8, long_dropout_from_epoch=3, dropout_per_epoch=0.02,
                      dropout_rises_after=10),
         # The paper: warmup 4000, factor 1 (its batches held ~25k tokens per side).
-        "default": dict(max_tokens=4096, min_updates=0, lr_schedule="noam", lr_factor=1.0,
+        "default": dict(optimizer="adam", max_tokens=4096, min_updates=0, lr_schedule="noam",
+                        lr_factor=1.0,
                         warmup=4000, vocab_size=8000, save_interval=1000,
                         dropout_from_epoch=1, full_dropout_epochs=0, long_dropout_from_epoch=1,
                         dropout_per_epoch=0.0, dropout_rises_after=0),
@@ -218,6 +225,9 @@ class TrainConfig:
                              f"{sorted(TransformerConfig.PRESETS)}")
         if self.device not in ("cpu", "gpu"):
             raise TrainError(f"--device {self.device!r}: choose cpu or gpu")
+        if self.optimizer not in OPTIMIZERS:
+            raise TrainError(f"--optimizer {self.optimizer!r}: choose from "
+                             f"{', '.join(OPTIMIZERS)}")
         if self.precision not in amp.PRECISIONS:
             raise TrainError(f"--precision {self.precision!r}: choose from "
                              f"{', '.join(amp.PRECISIONS)}")

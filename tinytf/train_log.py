@@ -143,7 +143,9 @@ def log_run_start(log: Logger, cfg, mc, data, step: int, *, parameters: int, ran
     limits = [count_of(cfg.max_steps, "step") if cfg.max_steps else "",
               count_of(cfg.max_minutes, "minute") if cfg.max_minutes else "",
               count_of(cfg.max_epochs, "epoch") if cfg.max_epochs else ""]
-    log.info(f"schedule: {schedule.describe()}; stop after "
+    optimizer = ("RAdam: Adam(0.9, 0.98, 1e-9) with its rectifier"
+                 if cfg.optimizer == "radam" else "Adam(0.9, 0.98, 1e-9)")
+    log.info(f"schedule: {schedule.describe()}; {optimizer}; stop after "
              f"{' or '.join(x for x in limits if x)}")
     if dropout_plan:
         log.info(dropout_plan)

@@ -146,7 +146,8 @@ class Trainer:
             self.model.to(self.device)
         self.comm.broadcast_params(self.model)
         self.params = self.model.named_parameters()
-        self.optimizer = fast.adam(self.params, lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+        self.optimizer = fast.adam(self.params, lr=0.0, betas=(0.9, 0.98), eps=1e-9,
+                                   rectify=cfg.optimizer == "radam")
         # Mixed precision (docs/gpu.md): float32 master weights and Adam state whatever the
         # policy; a loss scaler only for fp16 (a pass-through otherwise).
         self.policy = amp.Policy(cfg.precision)

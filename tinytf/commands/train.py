@@ -23,7 +23,7 @@ from tinytf.data import DataError
 from tinytf.schedule import SCHEDULES
 from tinytf.run import train
 from tinytf.run_dir import resumed_config
-from tinytf.train_config import TrainConfig, TrainError, apply_overrides
+from tinytf.train_config import OPTIMIZERS, TrainConfig, TrainError, apply_overrides
 
 USER_ERRORS = (TrainError, DataError, CheckpointError, BPEFileError)
 
@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, metavar="N", help="warm-up updates of the schedule")
     p.add_argument("--lr-factor", type=float, metavar="F",
                    help="factor of the paper's schedule (noam)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS,
+                   help="adam: Adam(0.9, 0.98, 1e-9), the paper's; radam: the same with "
+                        "RAdam's rectifier of its early steps (Liu et al. 2020), which warms "
+                        "up by itself. Default: the preset's")
     p.add_argument("--vocab-size", type=int, metavar="V",
                    help="joint BPE vocabulary, learnt when RUNDIR has none "
                         "(default: tiny 4000, others 8000)")
@@ -166,7 +170,7 @@ def config_from_args(args, given=frozenset()) -> TrainConfig:
         max_tokens=args.max_tokens, min_updates=args.min_updates,
         update_freq=args.update_freq, max_steps=args.max_steps,
         max_minutes=args.max_minutes, lr_schedule=args.lr_schedule, lr=args.lr,
-        warmup=args.warmup, lr_factor=args.lr_factor,
+        warmup=args.warmup, lr_factor=args.lr_factor, optimizer=args.optimizer,
         vocab_size=args.vocab_size, seed=args.seed, resume=args.resume, device=args.device,
         precision=args.precision, cuda_graph=args.cuda_graph,
         log_interval=args.log_interval, save_interval=args.save_interval,

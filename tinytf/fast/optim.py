@@ -25,16 +25,17 @@ class FusedAdam(Adam):
             kernels.fused(*(p.data for p in tensors))
 
     def _update(self, p, g, m, v, skip=None) -> None:
+        lr, eps = self.step_scalars()      # (RAdam's too: only the scalars differ)
         if kernels.fused(p, g) and p.dtype == np.float32:
-            kernels.adam_step(p, g, m, v, self.lr, self.betas, self.eps, self.step_count,
+            kernels.adam_step(p, g, m, v, lr, self.betas, eps, self.step_count,
                               found_inf=skip)
             return
         if all(type(a) is np.ndarray and a.ndim == 1 for a in (p, g, m, v)):
             # The flat buffers on the CPU: Adam is elementwise, so ranges of them update in
             # threads (tinytf.fast.threads), bitwise as one call would.
             def update(lo, hi):
-                adam_update(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], self.lr, self.betas,
-                            self.eps, self.step_count)
+                adam_update(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], lr, self.betas, eps,
+                            self.step_count)
             parallel_rows(update, p.size)
             return
         super()._update(p, g, m, v)
