@@ -165,3 +165,23 @@ def test_fused_adam_is_adam_where_no_kernel_runs():
     for p, q in zip(params, twins):
         np.testing.assert_array_equal(p.data, q.data)
     assert type(fast.adam(params)) is fast.FusedAdam
+
+
+def test_fused_radam_is_radam_where_no_kernel_runs():
+    """With ``rectify`` the threaded flat update takes RAdam's scalars: bitwise Adam(rectify)
+    over the updates that take no step (1-5) and those that do."""
+    params = [tinytf.nn.Parameter(rng.standard_normal(s).astype(np.float32))
+              for s in ((4, 3), (5,))]
+    twins = [tinytf.nn.Parameter(p.data.copy()) for p in params]
+    a = fast.FusedAdam(params, lr=1e-2, rectify=True)
+    b = tinytf.optim.Adam(twins, lr=1e-2, rectify=True)
+    start = [p.data.copy() for p in params]
+    for t in range(1, 9):
+        for p, q in zip(params, twins):
+            p.grad = rng.standard_normal(p.shape).astype(np.float32)
+            q.grad = p.grad.copy()
+        a.step()
+        b.step()
+        for p, q, p0 in zip(params, twins, start):
+            np.testing.assert_array_equal(p.data, q.data)
+            assert np.array_equal(p.data, p0) == (t <= 5)

@@ -487,6 +487,26 @@ def test_adam_step_matches_optim_adam(on_cpu, kind):
 
 
 @needs_cxx
+def test_the_adam_kernel_takes_radams_scalars(on_cpu):
+    """FusedAdam(rectify=True) with the kernel running: RAdam's lr * r_t and eps reach the
+    kernel, and it matches Adam(rectify=True) in NumPy over the first 12 updates."""
+    params = [tinytf.nn.Parameter(rng.standard_normal(s).astype(np.float32))
+              for s in ((4, 3), (5,))]
+    twins = [tinytf.nn.Parameter(p.data.copy()) for p in params]
+    fused, ref = FusedAdam(params, lr=1e-2, rectify=True), Adam(twins, lr=1e-2, rectify=True)
+    calls = kernels.calls.get("adam_step", 0)
+    for _ in range(12):
+        for p, q in zip(params, twins):
+            p.grad = rng.standard_normal(p.shape).astype(np.float32)
+            q.grad = p.grad.copy()
+        fused.step(skip=np.zeros(1, np.int32))
+        ref.step()
+    assert kernels.calls["adam_step"] > calls
+    for p, q in zip(params, twins):
+        np.testing.assert_allclose(p.data, q.data, rtol=1e-5, atol=1e-6)
+
+
+@needs_cxx
 @pytest.mark.parametrize("flat", [True, False])
 def test_adam_hands_the_skip_flag_to_the_kernel(on_cpu, flat):
     """FusedAdam.step(skip=flag) with the kernels running passes the device flag to the

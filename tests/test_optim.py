@@ -82,6 +82,73 @@ def test_adam_state_dict_resumes_exactly():
         o3.load_state_dict(bad)
 
 
+@pytest.mark.parametrize("beta2", [0.98, 0.999])
+def test_radam_rectifier_is_the_papers_formula(beta2):
+    """r_t from rho_t (Liu et al. 2020, eq. 7-8): 0 until rho_t passes 5, then rising
+    towards 1; at beta2 0.98 (rho_inf 99) the values docs/training.md quotes."""
+    rho_inf = 2 / (1 - beta2) - 1
+    rs = []
+    for t in range(1, 3000):
+        rho = rho_inf - 2 * t * beta2 ** t / (1 - beta2 ** t)
+        r = optim.radam_rectifier(t, beta2)
+        if rho <= 5:
+            assert r == 0.0
+        else:
+            expected = math.sqrt((rho - 4) * (rho - 2) * rho_inf
+                                 / ((rho_inf - 4) * (rho_inf - 2) * rho))
+            assert r == pytest.approx(expected, rel=1e-12)
+        rs.append(r)
+    assert np.all(np.diff(rs) >= -1e-15) and 0 < rs[-1] <= 1   # (rounding near 1)
+    if beta2 == 0.98:
+        assert [t for t in range(1, 10) if rs[t - 1] == 0] == [1, 2, 3, 4, 5]
+        assert [round(rs[t - 1], 2) for t in (10, 50, 100, 300)] == [0.22, 0.62, 0.82, 0.99]
+
+
+@pytest.mark.parametrize("flat", [True, False])
+def test_rectified_adam_by_hand(flat):
+    """RAdam as PyTorch writes it, once rho_t > 5: p -= lr r_t m_hat sqrt(1 - b2^t) /
+    (sqrt(v) + eps); before that the moments grow and the parameter stays put."""
+    lr, b1, b2, eps = 0.1, 0.9, 0.98, 1e-6     # an eps large enough to see where it sits
+    rng = np.random.default_rng(3)
+    p = param(rng.normal(size=5))
+    start = p.numpy().copy()
+    opt = optim.Adam([p], lr=lr, betas=(b1, b2), eps=eps, rectify=True, flat=flat)
+    expected, m, v = p.numpy().copy(), np.zeros(5), np.zeros(5)
+    for t in range(1, 13):
+        g = rng.normal(size=5) * 1e-3
+        p.grad = g.copy()
+        opt.step()
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        r = optim.radam_rectifier(t, b2)
+        if r > 0:
+            expected = expected - lr * r * (m / (1 - b1 ** t)) * math.sqrt(1 - b2 ** t) \
+                / (np.sqrt(v) + eps)
+        np.testing.assert_allclose(p.numpy(), expected, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(opt.exp_avg_sq["0"], v, rtol=1e-12)
+        assert np.array_equal(p.numpy(), start) == (t <= 5)   # the first 5: no step
+    assert opt.lr == lr          # the rectifier scales the step, not the scheduled rate
+
+
+def test_rectified_adam_keeps_float32_and_is_adam_in_the_limit():
+    """float32 stays float32; far past its warm-up (r_t -> 1, 1 - b2^t -> 1) RAdam takes
+    Adam's step."""
+    rng = np.random.default_rng(4)
+    a, b = param(rng.normal(size=6), np.float32), param(np.zeros(6), np.float32)
+    b.data[...] = a.data
+    radam = optim.Adam([a], lr=1e-3, rectify=True)
+    adam = optim.Adam([b], lr=1e-3)
+    radam.step_count = adam.step_count = 5000
+    for opt in (radam, adam):
+        opt.exp_avg["0"] = np.full(6, 1e-3, np.float32)
+        opt.exp_avg_sq["0"] = np.full(6, 1e-6, np.float32)
+    a.grad = b.grad = np.full(6, 1e-3, np.float32)
+    radam.step()
+    adam.step()
+    assert a.dtype == np.float32 and radam.exp_avg["0"].dtype == np.float32
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+
+
 @pytest.mark.parametrize("d_model,warmup,factor", [(512, 4000, 1.0), (256, 100, 2.0)])
 def test_noam_lr_is_the_papers_formula(d_model, warmup, factor):
     for step in (1, 2, warmup // 2, warmup - 1, warmup, warmup + 1, 10 * warmup):

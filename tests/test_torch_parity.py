@@ -154,6 +154,30 @@ def test_adam_steps_match_torch(lr, betas, eps):
             np.testing.assert_allclose(p.numpy(), pt.detach().numpy(), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("betas", [(0.9, 0.98), (0.8, 0.999)])
+def test_radam_steps_match_torch(betas):
+    """Adam(rectify=True) against torch.optim.RAdam. While rho_t <= 5 PyTorch takes a
+    momentum-SGD step and tinytf none, so both run those updates at lr 0 (as a warm-up
+    from 0 nearly does), then the rectified ones at lr 1e-2."""
+    rng = np.random.default_rng(1)
+    w0 = rng.normal(size=(3, 4))
+    ours = Tensor(w0.copy(), requires_grad=True, dtype=np.float64)
+    theirs = torch.tensor(w0, requires_grad=True)
+    opt = optim.Adam([ours], lr=0.0, betas=betas, eps=1e-9, rectify=True)
+    topt = torch.optim.RAdam([theirs], lr=0.0, betas=betas, eps=1e-9)
+    early = [t for t in range(1, 30) if optim.radam_rectifier(t, betas[1]) == 0]
+    for t in range(1, 20):
+        lr = 0.0 if t in early else 1e-2
+        opt.lr = topt.param_groups[0]["lr"] = lr
+        g = rng.normal(size=(3, 4))
+        ours.grad, theirs.grad = g.copy(), torch.tensor(g)
+        opt.step()
+        topt.step()
+        np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), rtol=1e-10,
+                                   atol=1e-12)
+    assert not np.allclose(ours.numpy(), w0)
+
+
 def test_adam_on_a_training_loop_matches_torch():
     """Loss and parameters stay equal over several steps of a small float64 regression."""
     tinytf.manual_seed(0)

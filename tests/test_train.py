@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from tinytf import checkpoint, evaluate, pipelined, trainer
+from tinytf import checkpoint, evaluate, pipelined, run_dir, trainer
 from tinytf.train_log import count_of
 from tinytf.train_progress import Progress
 from tinytf.trainer import TrainConfig, TrainError, apply_overrides
@@ -538,6 +538,51 @@ def test_schedule_flags_on_the_command_line(data_dir, tmp_path, capsys):
     assert code == 0, err
     assert "schedule: noam: lr = 0.05 * 16^-0.5" in err
     assert "warning: peak learning rate" in err and "tuned for" in err
+
+
+def test_radam_trains_resumes_bitwise_and_older_checkpoints_keep_adam(data_dir, tmp_path,
+                                                                       capsys):
+    """--optimizer radam: the log names it, the first 5 updates change no weight (the
+    rectifier is 0 there), a stopped and resumed run equals a straight one bitwise (the
+    rectifier follows the restored step), and a checkpoint written before the option existed
+    resumes with Adam, whatever the preset's default."""
+    with pytest.raises(SystemExit) as usage:
+        _train_main(capsys, "--optimizer", "sgd")
+    assert usage.value.code == 2 and "invalid choice: 'sgd'" in capsys.readouterr().err
+    with pytest.raises(TrainError, match="--optimizer 'sgd'"):
+        TrainConfig(optimizer="sgd").resolved()
+    code, _, err = _train_tiny(capsys, data_dir, tmp_path / "log", "--max-steps", "1",
+                               "--max-tokens", "200", "--optimizer", "radam")
+    assert code == 0, err
+    assert "RAdam: Adam(0.9, 0.98, 1e-9) with its rectifier" in err
+
+    kw = dict(optimizer="radam", max_steps=8)
+    first = trainer.Trainer(_config(data_dir, tmp_path / "five", **dict(kw, max_steps=5)),
+                            log_stream=open(os.devnull, "w"))
+    initial = {n: p.data.copy() for n, p in first.params}
+    first.train()
+    assert first.optimizer.rectify and first.optimizer.step_count == 5
+    assert all(np.array_equal(p.data, initial[n]) for n, p in first.params)
+    _run(_config(data_dir, tmp_path / "straight", **kw))
+    _run(_config(data_dir, tmp_path / "split", **dict(kw, max_steps=6)))
+    _run(_config(data_dir, tmp_path / "split", resume=True, **kw))
+    a = checkpoint.load(tmp_path / "straight" / checkpoint.LAST)
+    b = checkpoint.load(tmp_path / "split" / checkpoint.LAST)
+    assert a.step == b.step == 8 and a.meta["train_config"]["optimizer"] == "radam"
+    for name in a.model:
+        assert a.model[name].tobytes() == b.model[name].tobytes(), name
+    assert not all(np.array_equal(a.model[n], initial[n]) for n in a.model)
+
+    cfg = _config(data_dir, tmp_path / "old", max_steps=1, optimizer="adam")
+    _run(cfg)
+    last = tmp_path / "old" / checkpoint.LAST
+    old = checkpoint.load(last)
+    options = {k: v for k, v in old.meta["train_config"].items() if k != "optimizer"}
+    checkpoint.save(last, old.model, optim_state=old.optim, meta=dict(old.meta,
+                                                                      train_config=options))
+    resumed = run_dir.resumed_config(dataclasses.replace(cfg, resume=True, max_steps=2),
+                                     given={"max_steps"}).resolved()
+    assert resumed.optimizer == "adam" and resumed.max_steps == 2
 
 
 def test_time_budget_progress_continues_from_a_resumed_fraction(data_dir, tmp_path):
