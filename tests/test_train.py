@@ -540,8 +540,8 @@ def test_schedule_flags_on_the_command_line(data_dir, tmp_path, capsys):
     assert "warning: peak learning rate" in err and "tuned for" in err
 
 
-def test_radam_trains_resumes_bitwise_and_older_checkpoints_keep_adam(data_dir, tmp_path,
-                                                                       capsys):
+def test_radam_trains_resumes_bitwise_and_older_checkpoints_keep_adam(
+        data_dir, tmp_path, capsys):
     """--optimizer radam: the log names it, the first 5 updates change no weight (the
     rectifier is 0 there), a stopped and resumed run equals a straight one bitwise (the
     rectifier follows the restored step), and a checkpoint written before the option existed
