@@ -133,19 +133,22 @@ def test_resolving_twice_changes_nothing():
 
 
 def test_a_warm_up_far_shorter_than_the_tuned_one_warns_with_the_budget_known():
-    """The linear schedule's warm-up, set shorter than the preset's, ending before 15 % of
-    the budget's updates warns, with or without QK-norm; the preset's own warm-up (at its
-    cap, 30 %, or 4,000 in a long run), a long enough one, no known budget or another
-    schedule do not."""
+    """With Adam the linear schedule's warm-up, set shorter than the preset's, ending before
+    15 % of the budget's updates warns, with or without QK-norm; RAdam (the tiny preset's
+    optimizer), the preset's own warm-up (at its cap, 30 %, or 4,000 in a long run), a long
+    enough one, no known budget or another schedule do not."""
     tiny = TrainConfig().resolved()
     assert tiny.warmup_warning(1000) is None          # 4000, capped at 300 of 1000
     assert tiny.warmup_warning(100_000) is None       # the preset's 4000 in a long run
-    short = TrainConfig(warmup=100).resolved()        # QK-norm, the tiny preset's
+    assert TrainConfig(warmup=100).resolved().warmup_warning(1900) is None   # RAdam
+    short = TrainConfig(warmup=100, optimizer="adam").resolved()   # QK-norm, the preset's
     warning = short.warmup_warning(1900)
     assert "ends after 100 of the budget's about 1900 updates (5%)" in warning
     assert "2.00e-03 was tuned with the warm-up at 30% of the budget" in warning
-    assert "a longer --warmup, or a lower --lr" in warning and "qk_norm" not in warning
-    no_qk = TrainConfig(warmup=100, model_overrides={"qk_norm": False}).resolved()
+    assert "--optimizer radam, a longer --warmup, or a lower --lr" in warning
+    assert "qk_norm" not in warning
+    no_qk = TrainConfig(warmup=100, optimizer="adam",
+                        model_overrides={"qk_norm": False}).resolved()
     assert "--set qk_norm=true" in no_qk.warmup_warning(1900)
     assert short.warmup_warning(600) is None           # 100 of 600: 17 %
     assert short.warmup_warning(None) is None
