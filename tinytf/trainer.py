@@ -9,7 +9,7 @@ One update (section 5 of the paper, docs/training.md), :meth:`Trainer.train`::
     N = allreduce(target tokens)                # over MPI ranks (1 without mpirun)
     grads = allreduce(grads) / N                # the loss per target token of the union batch
     clip; skip the update if the loss or the gradient norm is not finite
-    Adam(0.9, 0.98, 1e-9).step(lr = schedule(step))
+    Adam(0.9, 0.98, 1e-9).step(lr = schedule(step))   # --optimizer radam: times r_t
     every few updates: log, validate, save
 
 Around it: the joint BPE is learnt into the run directory once (:mod:`tinytf.run_dir`);
