@@ -154,7 +154,7 @@ def _train(*args):
 
 TINY = ["--vocab-size", "300", "--max-tokens", "200", *[a for s in (
     "d_model=16", "n_heads=2", "d_ff=32", "n_encoder_layers=1", "n_decoder_layers=1",
-    "test_bleu=false", "valid_bleu_sentences=4") for a in ("--set", s)]]
+    "test_bleu=false", "valid_bleu_sentences=4", "optimizer=adam") for a in ("--set", s)]]
 
 
 def test_train_prepares_once_maps_on_resume_and_rebuilds_when_stale(data_dir, tmp_path):
