@@ -224,23 +224,24 @@ def adam_update(p, g, m, v, lr: float, betas, eps: float, t: int) -> None:
 
 
 RECTIFY_FROM_RHO = 5.0
-"""RAdam adapts the step only once rho_t (:func:`radam_rectifier`) is past this; 5 as in
-PyTorch's ``RAdam`` (the paper's Algorithm 2 writes 4; at beta2 0.98 both give the 6th
-update, rho_5 being 4.95)."""
+"""RAdam adapts the step only once rho_t (:func:`radam_rectifier`) is past this: 5, as in
+PyTorch's ``RAdam`` and the official implementation. The paper's Algorithm 2 writes 4, which
+at beta2 0.98 would adapt the 5th update too (rho_5 is 4.95, r_5 0.08)."""
 
 
 def radam_rectifier(t: int, beta2: float) -> float:
     """RAdam's rectification r_t of Adam's step at update ``t`` (Liu et al. 2020, "On the
-    Variance of the Adaptive Learning Rate and Beyond", eq. 7-8)::
+    Variance of the Adaptive Learning Rate and Beyond")::
 
         rho_inf = 2 / (1 - beta2) - 1                   # length of the SMA that v imitates
         rho_t   = rho_inf - 2 t beta2^t / (1 - beta2^t)  # ... after t updates
         r_t     = sqrt((rho_t - 4)(rho_t - 2) rho_inf / ((rho_inf - 4)(rho_inf - 2) rho_t))
 
-    r_t is the ratio of the adaptive rate's variance in the limit to its variance at t: a
-    warm-up that Adam's second moment itself asks for (at beta2 0.98: 0.22 at update 10,
-    0.62 at 50, 0.82 at 100, 0.99 at 300). While rho_t <= :data:`RECTIFY_FROM_RHO` that
-    variance is intractable and r_t is 0 here (no step: the official implementation's
+    r_t is the square root of the ratio of the adaptive rate's variance in the limit to its
+    variance at t (so that r_t times the rate has the limit's variance): a warm-up that
+    Adam's second moment itself asks for (at beta2 0.98: 0.22 at update 10, 0.62 at 50,
+    0.82 at 100, 0.99 at 300). That variance is infinite while rho_t <= 4; while rho_t <=
+    :data:`RECTIFY_FROM_RHO` r_t is 0 here (no step: the official implementation's
     ``degenerated_to_sgd=False``; the paper and PyTorch take an un-adapted momentum-SGD step
     lr * m_hat there instead, which a warming-up schedule makes negligible).
     """
