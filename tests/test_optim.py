@@ -128,6 +128,8 @@ def test_rectified_adam_by_hand(flat):
         np.testing.assert_allclose(opt.exp_avg_sq["0"], v, rtol=1e-12)
         assert np.array_equal(p.numpy(), start) == (t <= 5)   # the first 5: no step
     assert opt.lr == lr          # the rectifier scales the step, not the scheduled rate
+    assert opt.describe() == "RAdam: Adam(0.9, 0.98, 1e-6) with its rectifier"
+    assert optim.Adam([p]).describe() == "Adam(0.9, 0.98, 1e-9)"
 
 
 def test_rectified_adam_keeps_float32_and_is_adam_in_the_limit():

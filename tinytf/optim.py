@@ -323,6 +323,14 @@ class Adam:
         here it does not, so :meth:`step` reads it on the host."""
         return False
 
+    def describe(self) -> str:
+        """What this optimizer runs, with its numbers, for the run's first log lines:
+        ``Adam(0.9, 0.98, 1e-9)``, with ``rectify`` prefixed by ``RAdam:``."""
+        def number(x):
+            return f"{x:g}".replace("e-0", "e-")
+        adam = f"Adam({number(self.betas[0])}, {number(self.betas[1])}, {number(self.eps)})"
+        return f"RAdam: {adam} with its rectifier" if self.rectify else adam
+
     def step_scalars(self) -> tuple:
         """(lr, eps) that :func:`adam_update` takes at this step (:attr:`step_count`): the
         optimizer's own, or with ``rectify`` RAdam's, lr * r_t and eps / sqrt(1 - b2^t).

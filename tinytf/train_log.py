@@ -124,11 +124,12 @@ def write_run_config(run_dir: str, cfg, ranks: int, device: str) -> str:
 
 def log_run_start(log: Logger, cfg, mc, data, step: int, *, parameters: int, ranks: int,
                   device: str, precision: str, dev_pairs: int, batches: int,
-                  schedule, dropout_plan: str = "") -> None:
+                  schedule, optimizer, dropout_plan: str = "") -> None:
     """The first lines of a run: the model (``mc``, its config), processes, device and
-    precision; the training ``data`` (a ParallelCorpus) and batches; the schedule and the
-    budget, and a warning when the peak is far from the preset's; late dropout, or the
-    ``dropout_plan`` line of a choice still to come."""
+    precision; the training ``data`` (a ParallelCorpus) and batches; the schedule, the
+    ``optimizer`` (its ``describe()``) and the budget, and a warning when the peak is far
+    from the preset's; late dropout, or the ``dropout_plan`` line of a choice still to
+    come."""
     graphs = ", CUDA graphs (one per padded batch shape)" if cfg.cuda_graph else ""
     norms = ("pre-LN" if mc.pre_norm else "post-LN") + (", QK-norm" if mc.qk_norm else "")
     log.info(f"{'resuming at step ' + str(step) if step else 'training'} {cfg.config} "
@@ -143,9 +144,7 @@ def log_run_start(log: Logger, cfg, mc, data, step: int, *, parameters: int, ran
     limits = [count_of(cfg.max_steps, "step") if cfg.max_steps else "",
               count_of(cfg.max_minutes, "minute") if cfg.max_minutes else "",
               count_of(cfg.max_epochs, "epoch") if cfg.max_epochs else ""]
-    optimizer = ("RAdam: Adam(0.9, 0.98, 1e-9) with its rectifier"
-                 if cfg.optimizer == "radam" else "Adam(0.9, 0.98, 1e-9)")
-    log.info(f"schedule: {schedule.describe()}; {optimizer}; stop after "
+    log.info(f"schedule: {schedule.describe()}; {optimizer.describe()}; stop after "
              f"{' or '.join(x for x in limits if x)}")
     if dropout_plan:
         log.info(dropout_plan)

@@ -285,7 +285,8 @@ class Trainer:
                       parameters=self.model.num_parameters(), ranks=self.comm.size,
                       device=self.device, precision=self.policy.name,
                       dev_pairs=len(self.dev_data), batches=self.batches.n_batches,
-                      schedule=self.schedule, dropout_plan=budget.pending_dropout_plan(
+                      schedule=self.schedule, optimizer=self.optimizer,
+                      dropout_plan=budget.pending_dropout_plan(
                           self.cfg, self.model_cfg.dropout) if self.dropout_decided_at else "")
 
     # ---- the loop (section 5) ----------------------------------------------------------
