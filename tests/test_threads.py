@@ -131,6 +131,32 @@ def test_layer_norm(split_everything, dtype, affine):
     assert split_everything == [21, 21]       # forward and backward, by row
 
 
+@pytest.mark.parametrize("shape", [(4, 60, 16), (2, 4, 100, 64), (5, 3, 1500)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_with_rows_in_groups(split_everything, shape, affine):
+    """Ranges long enough for affine_grouped_'s groups (80 rows of 16: 64 grouped and 16
+    left; 267 rows of 64: 256 and 11) and rows too long to group (1500)."""
+    x = (rng.standard_normal(shape) * 2 + 1).astype(np.float32)
+    d = shape[-1]
+    extra = [rng.standard_normal(d).astype(np.float32), rng.standard_normal(d).astype(np.float32)] \
+        if affine else []
+    _assert_same(_run(ops.LayerNorm, [x, *extra], {}),
+                 _run(cpu.RowParallelLayerNorm, [x, *extra], {}))
+
+
+@pytest.mark.parametrize("d", [16, 64, 256, 1024, 1500])
+def test_affine_grouped_equals_affine_bitwise(d):
+    g = max(1, cpu.ROW_GROUP_WIDTH // d)
+    w, b = rng.standard_normal(d).astype(np.float32), rng.standard_normal(d).astype(np.float32)
+    for n in sorted({0, 1, max(g - 1, 1), g, 3 * g + 5}):
+        x = rng.standard_normal((n, d)).astype(np.float32)
+        for weight, bias in ((w, b), (w, None), (None, b), (None, None)):
+            want, got = np.empty_like(x), np.full_like(x, np.nan)
+            ops.norm.affine_(x, weight, bias, want)
+            cpu.affine_grouped_(x, weight, bias, got)
+            np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_gelu(split_everything, dtype):
     x = (rng.standard_normal((3, 7, 16)) * 3).astype(dtype)
