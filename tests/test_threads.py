@@ -131,11 +131,12 @@ def test_layer_norm(split_everything, dtype, affine):
     assert split_everything == [21, 21]       # forward and backward, by row
 
 
-@pytest.mark.parametrize("shape", [(4, 60, 16), (2, 4, 100, 64), (5, 3, 1500)])
+@pytest.mark.parametrize("shape", [(4, 61, 16), (2, 4, 100, 64), (5, 3, 1500)])
 @pytest.mark.parametrize("affine", [True, False])
 def test_layer_norm_with_rows_in_groups(split_everything, shape, affine):
-    """Ranges long enough for affine_grouped_'s groups (80 rows of 16: 64 grouped and 16
-    left; 267 rows of 64: 256 and 11) and rows too long to group (1500)."""
+    """Ranges long enough for affine_grouped_'s groups and their leftover rows (81 or 82
+    rows of 16 in groups of 16; 266 or 267 rows of 64 in groups of 4) and rows too long to
+    group (1500)."""
     x = (rng.standard_normal(shape) * 2 + 1).astype(np.float32)
     d = shape[-1]
     extra = [rng.standard_normal(d).astype(np.float32), rng.standard_normal(d).astype(np.float32)] \
