@@ -21,6 +21,7 @@ vary from one start to the next.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from .train_log import count_of
 
@@ -147,6 +148,13 @@ def pending_dropout_plan(cfg, p_drop: float) -> str:
             f"drops from the start)")
 
 
+def epochs_text(epochs: float, decimals: int = 1) -> str:
+    """``epochs`` to ``decimals`` places, rounded down, so that a count just under a whole
+    threshold never prints as the threshold (7.97 as "7.9", not "8.0")."""
+    scale = 10 ** decimals
+    return f"{math.floor(epochs * scale) / scale:.{decimals}f}"
+
+
 def dropout_for_budget(cfg, p_drop: float, epochs: float | None, log, pace: str = ""):
     """``cfg`` with its dropout decided for a budget of ``epochs`` passes over the training
     data (None: not known): from epoch ``long_dropout_from_epoch`` where they are
@@ -161,7 +169,7 @@ def dropout_for_budget(cfg, p_drop: float, epochs: float | None, log, pace: str 
     if epochs is None or epochs < cfg.full_dropout_epochs:
         if pace:    # (a choice at the pace of the first epochs: always a count)
             log.info(f"dropout: {p_drop:g} from epoch {cfg.dropout_from_epoch} (late "
-                     f"dropout): the budget holds about {epochs:.1f} epochs{pace}, fewer "
+                     f"dropout): the budget holds about {epochs_text(epochs)} epochs{pace}, fewer "
                      f"than full_dropout_epochs {cfg.full_dropout_epochs} (docs/training.md, "
                      f"\"Late dropout\")")
         return dataclasses.replace(cfg, full_dropout_epochs=0)
@@ -177,8 +185,9 @@ def dropout_for_budget(cfg, p_drop: float, epochs: float | None, log, pace: str 
         why = (f", and {cfg.dropout_per_epoch:g} more for each past "
                f"{cfg.dropout_rises_after}, at most {MAX_BUDGET_DROPOUT:g}")
         keep = f"--set dropout={p_drop:g} keeps the model's rate, "
-    log.info(f"dropout: from {when}{at}: the budget holds about {epochs:.{1 if pace else 0}f} "
-             f"epochs{pace}, at least full_dropout_epochs {cfg.full_dropout_epochs}{why} "
+    log.info(f"dropout: from {when}{at}: the budget holds about "
+             f"{epochs_text(epochs, 1 if pace else 0)} epochs{pace}, at least "
+             f"full_dropout_epochs {cfg.full_dropout_epochs}{why} "
              f"(docs/training.md, \"Late dropout\"; {keep}--set "
              f"dropout_from_epoch={cfg.dropout_from_epoch} keeps late dropout)")
     return dataclasses.replace(cfg, dropout_from_epoch=first, model_overrides=overrides)
