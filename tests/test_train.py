@@ -960,17 +960,12 @@ def test_late_dropout_gives_way_to_a_long_budget(data_dir, tmp_path):
     again.close()
 
 
-def test_the_dropout_log_never_rounds_a_count_onto_its_threshold():
+def test_the_dropout_log_never_rounds_a_count_onto_its_threshold(tmp_path):
     """A count just under full_dropout_epochs prints below it, one just over at or above
     it: the figures are rounded down, never up to 8.0 for a budget of 7.97 epochs."""
+    import io
     from tinytf.budget import dropout_for_budget, epochs_text
-
-    class Log:
-        def __init__(self):
-            self.lines = []
-
-        def info(self, line):
-            self.lines.append(line)
+    from tinytf.train_log import Logger
 
     assert [epochs_text(e) for e in (7.97, 7.999999, 8.0, 8.04, 15.0)] == \
         ["7.9", "7.9", "8.0", "8.0", "15.0"]
@@ -979,9 +974,11 @@ def test_the_dropout_log_never_rounds_a_count_onto_its_threshold():
     assert tiny.full_dropout_epochs == 8
     for epochs, want in ((7.97, "late dropout): the budget holds about 7.9 epochs"),
                          (8.04, "from epoch 3: the budget holds about 8.0 epochs")):
-        log = Log()
-        dropout_for_budget(tiny, 0.1, epochs, log, pace=" at the pace of epochs 1-2")
-        assert len(log.lines) == 1 and want in log.lines[0], log.lines
+        stream = io.StringIO()
+        dropout_for_budget(tiny, 0.1, epochs, Logger(tmp_path, stream=stream),
+                           pace=" at the pace of epochs 1-2")
+        lines = stream.getvalue().splitlines()
+        assert len(lines) == 1 and want in lines[0], lines
 
 
 def test_a_time_budget_decides_dropout_at_the_pace_of_its_first_epochs(data_dir, tmp_path):
