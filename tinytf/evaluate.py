@@ -9,6 +9,7 @@ import numpy as np
 from . import amp, backend
 from .bpe import BOS_ID, EOS_ID, PAD_ID
 from .data import BatchIterator
+from .fast.transposed import transposed_weights
 from .search import greedy_search
 from .tensor import no_grad
 from .train_log import log_samples
@@ -28,7 +29,7 @@ def greedy_translate(model, bpe, lines, device="cpu", batch_size=100,
     was_training = model.training
     model.eval()
     try:
-        with no_grad():
+        with no_grad(), transposed_weights(model):
             for start in range(0, len(todo), batch_size):
                 rows = todo[start:start + batch_size]
                 lengths = np.array([len(sources[i]) for i in rows], dtype=np.int64)

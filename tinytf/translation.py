@@ -27,6 +27,7 @@ from . import amp, backend, checkpoint
 from . import functional as F
 from .bpe import BOS_ID, BPE, EOS_ID, PAD_ID, UNK_ID
 from .decode_workers import translate_batches
+from .fast.transposed import transposed_weights
 from .search import Hypothesis, beam_search
 from .tensor import Tensor, no_grad
 from .transformer import Transformer, TransformerConfig
@@ -288,7 +289,7 @@ class Translator:
         """Beam search for one batch of token-id lists (without ``</s>``; none empty)."""
         src = pad_sources(sources)
         src_dev = backend.to_device(src, self.device)
-        with amp.autocast(self.precision):
+        with amp.autocast(self.precision), transposed_weights(self.model):
             with no_grad():
                 memory = self.model.encode(src_dev)
                 state = self.model.start_decoding(memory, src_dev)
@@ -317,12 +318,13 @@ class Translator:
                    make_batches([len(sources[i]) for i in todo], batch_size, max_tokens)]
         searched = translate_batches(self, [[sources[i] for i in index] for index in batches],
                                      options, workers)
-        for index, nbests in zip(batches, searched):
-            for i, nbest in zip(index, nbests):
-                results[i] = nbest
-            done += len(index)
-            if progress is not None:
-                progress(done, len(sources))
+        with transposed_weights(self.model):  # once for all batches (and forked workers)
+            for index, nbests in zip(batches, searched):
+                for i, nbest in zip(index, nbests):
+                    results[i] = nbest
+                done += len(index)
+                if progress is not None:
+                    progress(done, len(sources))
         return results
 
     # -------------------------------------------------------------------------- text level

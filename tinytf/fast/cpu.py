@@ -31,6 +31,7 @@ from ..ops.loss import CrossEntropy
 from ..ops.matmul import Linear
 from ..ops.norm import LayerNorm, affine_, normalize_rows_, normalized_grad_
 from .threads import parallel_rows
+from .transposed import transposed
 
 
 class BlockedCrossEntropy(CrossEntropy):
@@ -395,7 +396,11 @@ class RowParallelAttention(Attention):
 
 class RowParallelLinear(Linear):
     """:class:`Linear` with the bias (and ReLU) pass and the ReLU's backward by range of
-    rows in threads; the products are single BLAS calls."""
+    rows in threads; the products are single BLAS calls, the forward's by a contiguous
+    copy of W.T inside a search (:func:`tinytf.fast.transposed.transposed_weights`)."""
+
+    def product(self, x2, weight):
+        return x2 @ transposed(weight)
 
     def add_bias(self, out, bias, relu: bool) -> None:
         if bias is None and not relu:

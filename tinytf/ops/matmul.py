@@ -55,7 +55,7 @@ class Linear(Function):
         if activation not in (None, "relu"):
             raise ValueError(f"Linear: activation must be None or 'relu', got {activation!r}")
         x2 = x.reshape(-1, x.shape[-1])
-        out = x2 @ weight.T
+        out = self.product(x2, weight)
         relu = activation == "relu"
         self.add_bias(out, bias, relu)
         # With the ReLU, its output too: the gradient passes where it is positive.
@@ -76,7 +76,12 @@ class Linear(Function):
             return gx, gw
         return gx, gw, (g2.sum(axis=0) if self.needs_input_grad[2] else None)
 
-    # The two row passes a faster variant replaces (tinytf.fast.cpu.RowParallelLinear).
+    # The product and the two row passes a faster variant replaces
+    # (tinytf.fast.cpu.RowParallelLinear).
+    def product(self, x2, weight):
+        """x2 @ weight.T, the forward's GEMM."""
+        return x2 @ weight.T
+
     def add_bias(self, out, bias, relu: bool) -> None:
         """out += bias, then out = max(out, 0) with the ReLU, in place."""
         if bias is not None:
