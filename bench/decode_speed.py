@@ -75,18 +75,18 @@ def build_translator(args) -> Translator:
 
 
 def decode_tinytf(translator, sources, options, step="cache"):
-    """Best token lists for one batch, with the cached decoder or full recomputation."""
-    model = translator.model
-    src = pad_sources(sources)
-    max_lens = translator.max_output_lens([len(s) for s in sources], options)
-    with tinytf.no_grad():
-        memory = model.encode(src)
-        if step == "cache":
-            fn, state = model.decode_step, model.start_decoding(memory, src)
-        else:
-            fn, state = full_prefix_step(model), PrefixState(memory, src)
-        results = beam_search(fn, state, len(sources), max_lens, beam_size=options.beam_size,
-                              alpha=options.alpha, banned_ids=(0, 1, 3))
+    """Best token lists for one batch: the Translator's own search (the cached decoder,
+    as translate.py runs it), or the same search recomputing the whole prefix each step."""
+    if step == "cache":
+        results = translator.translate_batch(sources, options)
+    else:
+        model = translator.model
+        src = pad_sources(sources)
+        max_lens = translator.max_output_lens([len(s) for s in sources], options)
+        with tinytf.no_grad():
+            results = beam_search(full_prefix_step(model), PrefixState(model.encode(src), src),
+                                  len(sources), max_lens, beam_size=options.beam_size,
+                                  alpha=options.alpha, banned_ids=(0, 1, 3))
     return [list(nbest[0].tokens) for nbest in results]
 
 
