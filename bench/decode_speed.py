@@ -3,9 +3,12 @@ cache saves over recomputing the whole prefix at every step.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/decode_speed.py [--model RUNDIR]
 
-Without ``--model`` it learns an 8k BPE on data/ende/train.* and decodes with a randomly
-initialised model of the ``tiny`` preset (a random model rarely says ``</s>``, so most sentences
-run to the maximum length, source + 50: a worst case for the search). Both implementations get
+Without ``--model`` it first trains one: ``train.py --max-steps N`` (``--train-updates``,
+default 1,000 updates of the default recipe, a few minutes on two cores) into
+runs/decode-bench-N, reused by later runs. ``--random`` instead learns an 8k BPE on
+data/ende/train.* and decodes with a randomly initialised model of the ``tiny`` preset (a
+random model rarely says ``</s>``, so most sentences run to the maximum length, source + 50: a
+worst case for the search). Both implementations get
 the same weights, the same length-sorted batches and the same search rules (beam 4, alpha 0.6),
 so they take the same steps; the script also reports how often their outputs agree. Figures go
 into docs/benchmarks.md ("Decoding speed").
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import subprocess
 import sys
 import time
 
@@ -24,8 +28,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="a trained run directory or checkpoint")
-    p.add_argument("--preset", default="tiny", help="model size without --model")
-    p.add_argument("--vocab", type=int, default=8000, help="BPE size without --model")
+    p.add_argument("--train-updates", type=int, default=1000,
+                   help="without --model: train the default recipe for N updates first "
+                        "(runs/decode-bench-N, reused when it exists)")
+    p.add_argument("--random", action="store_true",
+                   help="decode with a randomly initialised model instead")
+    p.add_argument("--preset", default="tiny", help="model size with --random")
+    p.add_argument("--vocab", type=int, default=8000, help="BPE size with --random")
     p.add_argument("--sentences", type=int, default=1000, help="first N lines of test.en")
     p.add_argument("--recompute-sentences", type=int, default=64,
                    help="sentences for the cache vs full-recomputation comparison")
@@ -43,6 +52,7 @@ def parse_args(argv=None):
 
 
 ARGS = parse_args() if __name__ == "__main__" else None
+ENVIRONMENT = dict(os.environ)  # before the thread settings below: train.py runs with it
 if ARGS is not None:
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(ARGS.threads)  # must precede the BLAS libraries' loading
@@ -64,8 +74,21 @@ from tinytf.transformer import Transformer, TransformerConfig  # noqa: E402
 DATA = os.path.join(ROOT, "data", "ende")
 
 
+def trained_model(updates: int) -> str:
+    """The run directory of the default recipe trained for ``updates`` updates (trained now
+    with train.py unless an earlier run of this benchmark left it)."""
+    run = os.path.join(ROOT, "runs", f"decode-bench-{updates}")
+    if not os.path.exists(os.path.join(run, "checkpoint_last.npz")):
+        command = [sys.executable, os.path.join(ROOT, "train.py"), "--out", run,
+                   "--max-steps", str(updates)]
+        print("training the model to decode with:", " ".join(command), flush=True)
+        subprocess.run(command, cwd=ROOT, check=True, env=ENVIRONMENT)
+    return run
+
+
 def build_translator(args) -> Translator:
-    if args.model:
+    if not args.random:
+        args.model = args.model or trained_model(args.train_updates)
         return Translator.load(args.model)
     bpe = BPE.learn([os.path.join(DATA, "train.en"), os.path.join(DATA, "train.de")],
                     vocab_size=args.vocab)
