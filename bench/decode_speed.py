@@ -4,7 +4,7 @@ cache saves over recomputing the whole prefix at every step.
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/decode_speed.py [--model RUNDIR]
 
 Without ``--model`` it first trains one: ``train.py --max-steps N`` (``--train-updates``,
-default 1,000 updates of the default recipe, a few minutes on two cores) into
+default 1,000 updates of the default recipe, about 11 minutes on two cores) into
 runs/decode-bench-N, reused by later runs. ``--random`` instead learns an 8k BPE on
 data/ende/train.* and decodes with a randomly initialised model of the ``tiny`` preset (a
 random model rarely says ``</s>``, so most sentences run to the maximum length, source + 50: a

@@ -27,7 +27,9 @@ reference op       runs instead         what is faster
                                         CPU: that softmax and backward by rows in threads
 ``Linear``         ``FusedLinear``       GPU: cuBLAS, bias (+ReLU) in one launch; a compute
                                         dtype under ``amp.autocast`` (no cast nodes);
-                                        CPU: the bias/ReLU pass by rows in threads
+                                        CPU: the bias/ReLU pass by rows in threads,
+                                        and inside a search the product by a
+                                        contiguous copy of W.T (fast/transposed.py)
 =================  ===================  =====================================================
 
 The CPU's "in threads" is :mod:`tinytf.fast.threads` (``TINYTF_THREADS``), bitwise equal
