@@ -8,10 +8,10 @@ default 1,000 updates of the default recipe, about 11 minutes on two cores) into
 runs/decode-bench-N, reused by later runs. ``--random`` instead learns an 8k BPE on
 data/ende/train.* and decodes with a randomly initialised model of the ``tiny`` preset (a
 random model rarely says ``</s>``, so most sentences run to the maximum length, source + 50: a
-worst case for the search). Both implementations get
-the same weights, the same length-sorted batches and the same search rules (beam 4, alpha 0.6),
-so they take the same steps; the script also reports how often their outputs agree. Figures go
-into docs/benchmarks.md ("Decoding speed").
+worst case for the search). Both implementations get the same weights, the same length-sorted
+batches and the same search rules (beam 4, alpha 0.6), so they take the same steps; the script
+also reports how often their outputs agree. Figures go into docs/benchmarks.md ("Decoding
+speed").
 """
 from __future__ import annotations
 
