@@ -22,6 +22,7 @@ import sys
 
 from tinytf import backend
 from tinytf.bpe import BPEFileError
+from tinytf.fast.transposed import transposed_weights
 from tinytf.search import Hypothesis
 from tinytf.translation import (
     Progress, SearchOptions, TranslationError, Translator, corpus_bleu, corpus_chrf,
@@ -222,22 +223,25 @@ def main(argv=None) -> int:
         workers = args.workers or thread_budget()
         progress = Progress(every=5.0) if not args.quiet else None
         best, done = [], 0
-        # Read a block of lines, translate it (sorted by length inside), write and flush it
-        # in input order, then the next: bounded memory, and answers before the input ends.
-        for lines in stream_line_blocks(fd, args.buffer_size, name, args.errors):
-            sources = translator.encode_lines(lines, name)
-            results = translator.translate_ids(sources, options, args.batch_size,
-                                               args.max_tokens, workers=workers)
-            out.write("".join(line + "\n" for line in _format(
-                translator, results, args.nbest, done)).encode("utf-8"))
-            out.flush()
-            if args.print_attention:
-                _write_svgs(translator, sources, results, args.print_attention, done + 1)
-            if references is not None:
-                best += [translator.detokenize(n[0]) if n else "" for n in results]
-            done += len(lines)
-            if progress is not None:
-                progress(done, None)
+        # The weights are fixed for the whole command: their transposes are copied once for
+        # every block, not once per block (docs/decoding.md, "Cores").
+        with transposed_weights(translator.model):
+            # Read a block of lines, translate it (sorted by length inside), write and flush it
+            # in input order, then the next: bounded memory, and answers before the input ends.
+            for lines in stream_line_blocks(fd, args.buffer_size, name, args.errors):
+                sources = translator.encode_lines(lines, name)
+                results = translator.translate_ids(sources, options, args.batch_size,
+                                                   args.max_tokens, workers=workers)
+                out.write("".join(line + "\n" for line in _format(
+                    translator, results, args.nbest, done)).encode("utf-8"))
+                out.flush()
+                if args.print_attention:
+                    _write_svgs(translator, sources, results, args.print_attention, done + 1)
+                if references is not None:
+                    best += [translator.detokenize(n[0]) if n else "" for n in results]
+                done += len(lines)
+                if progress is not None:
+                    progress(done, None)
         if progress is not None:
             print(progress.summary(done), file=sys.stderr)
         if references is not None:
