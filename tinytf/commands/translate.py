@@ -224,7 +224,7 @@ def main(argv=None) -> int:
         progress = Progress(every=5.0) if not args.quiet else None
         best, done = [], 0
         # The weights are fixed for the whole command: their transposes are copied once for
-        # every block, not once per block (docs/decoding.md, "Cores").
+        # all the blocks, not once per block (docs/decoding.md, "Cores").
         with transposed_weights(translator.model):
             # Read a block of lines, translate it (sorted by length inside), write and flush it
             # in input order, then the next: bounded memory, and answers before the input ends.

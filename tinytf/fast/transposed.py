@@ -3,7 +3,7 @@
 A linear layer computes ``x @ W.T`` with ``W`` stored (out, in). For the thousands of rows
 of a training step the transposed view costs nothing, but a search step multiplies a few
 hundred rows or fewer, and there OpenBLAS is slower with the view than with a contiguous
-copy of ``W.T``: 1.25x at 64 rows, a few per cent at 256 (docs/decoding.md, "Cores").
+copy of ``W.T``: up to 1.3x at 64 rows, 5-8 % at 256 (docs/decoding.md, "Cores").
 The copy is only right while ``W`` does not change, so it is made for a block of code that
 promises that, a search over fixed weights::
 
@@ -11,8 +11,8 @@ promises that, a search over fixed weights::
         ...   # every Linear by one of the model's weights multiplies by its copy
 
 ``RowParallelLinear.product`` (tinytf.fast.cpu) looks its weight up with :func:`transposed`.
-Only NumPy matrices are copied (cuBLAS takes a transposed operand at no cost), and the copies
-are dropped when the outermost block that made them ends.
+Only NumPy matrices are copied (cuBLAS is handed the transposed operand as it is), and the
+copies are dropped when the block that made them ends.
 """
 from __future__ import annotations
 
