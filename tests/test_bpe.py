@@ -351,6 +351,19 @@ def test_spelled_words_are_initial_units(words):
     assert counted.tolist() == list(counts.values())
 
 
+@given(st.lists(st.integers(0, 0x220000), max_size=50))
+def test_distinct_codes_is_numpy_unique(codes):
+    """`distinct_codes` (the learner's table of unit codes) equals ``np.unique(...,
+    return_inverse=True)``, for every code a unit may have."""
+    from tinytf.text.learn import distinct_codes
+    codes = np.array(codes, dtype=np.int64)
+    distinct, number = distinct_codes(codes)
+    expected, expected_number = np.unique(codes, return_inverse=True)
+    assert distinct.tolist() == expected.tolist()
+    assert number.tolist() == expected_number.ravel().tolist()
+    assert distinct.dtype == number.dtype == np.int64
+
+
 @given(st.lists(st.sampled_from(["Haus", "Häuser", "ein", "einer", "Straße.", "newest",
                                  "aaaa", "abab"]), min_size=1, max_size=8).map(" ".join))
 def test_encode_matches_sequential_merges(bpe, text):
