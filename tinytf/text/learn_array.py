@@ -228,11 +228,10 @@ class WordArray:
         the sorted keys, numbered in that order, and the positions in sorted order list each
         pair's in one slice (cheaper than ``np.unique`` and a second sort). The order of the
         positions within a slice does not matter (`occurrences` and `merge_few` sort them
-        where it would), so the sort need not be stable: NumPy's default (SIMD) argsort is
-        ~5x faster than its stable one on 20k-200k keys."""
+        where it would), so the sort need not be stable (`key_order`)."""
         if not len(keys):
             return keys
-        order = keys.argsort()
+        order = key_order(keys)
         keys, at, f = keys[order], at[order], f[order]
         run_start = np.empty(len(keys), dtype=bool)
         run_start[0] = True
@@ -253,6 +252,25 @@ class WordArray:
         self.left[first:end], self.right[first:end] = distinct >> SHIFT, distinct & MASK
         self.count[first:end] = np.add.reduceat(f, starts)
         return np.arange(first, end)
+
+
+RADIX_MIN = 2048  # keys from which `key_order` sorts by radix
+
+
+def key_order(keys):
+    """Indices that sort pair keys ``left << SHIFT | right`` (equal keys in any order).
+
+    NumPy sorts 16-bit integers by radix when asked for a stable sort, in linear time. So
+    where both symbols of every key fit in 16 bits, two such sorts do it, by the right
+    symbol and then, stably, by the left: 10x faster than the int64 keys' own argsort on
+    the 280,000 initial pairs of the shipped corpus (2.2 against 29 ms), 2x at 3,000 keys;
+    below `RADIX_MIN` keys the argsort is faster."""
+    if len(keys) >= RADIX_MIN:
+        right, left = keys & MASK, keys >> SHIFT
+        if right.max() < 1 << 16 and left.max() < 1 << 16:
+            order = right.astype(np.uint16).argsort(kind="stable")
+            return order[left[order].astype(np.uint16).argsort(kind="stable")]
+    return keys.argsort()
 
 
 NUMBER_BITS = 32  # a waiting pair is the int -(count << NUMBER_BITS | number)
