@@ -355,14 +355,15 @@ def test_spelled_words_are_initial_units(words):
 @pytest.mark.parametrize("largest", [300, 65535, 65536, 1 << 20])
 def test_key_order_sorts_pair_keys(n, largest):
     """`key_order` (radix sorts of 16-bit symbols from RADIX_MIN keys on, else an argsort)
-    is a permutation that sorts the keys, whichever path it takes."""
+    is a permutation that sorts the keys, whichever path it takes (`largest`: the largest
+    symbol id there may be)."""
     from tinytf.text.learn_array import key_order
     from tinytf.text.merges import SHIFT
     rng = np.random.default_rng(n + largest)
     left = rng.integers(260, largest + 1, n)
     right = rng.integers(260, min(largest, 600) + 1, n)  # many repeated keys
     keys = (left << SHIFT) | right
-    order = key_order(keys)
+    order = key_order(keys, largest)
     assert sorted(order.tolist()) == list(range(n))
     assert (np.diff(keys[order]) >= 0).all()
 
