@@ -5,8 +5,9 @@
 Both frameworks train the same architecture (tinytf/transformer.py and its PyTorch twin
 bench/torch_transformer.py, same weights) on the same batches, in the same process, on the
 same number of threads (``--threads``, default 2, set before NumPy and torch load their BLAS).
-Timed steps alternate between the two in rounds, so load on a shared machine hits both alike;
-the figure is the median step time. The batch is ``--tokens`` target tokens (default 4096)
+Timed steps alternate between the two in rounds, so load on a shared machine hits both alike,
+and each round starts with the next of them, so neither always runs first; the figure is the
+median step time. The batch is ``--tokens`` target tokens (default 4096)
 as sentences of ``--length`` tokens (default 25: 163 sentences; ``--length 25,64,128`` gives
 a row per length, short and long sentences), random ids over
 ``--vocab`` (8000, the BPE default), or with ``--corpus`` the shipped data/ende sentences
@@ -322,15 +323,20 @@ def bench_config(name, batches):
         if t_model is not None:
             th_step()
     tf_times, th_times, one_times, tokens = [], [], [], 0
-    for _ in range(ARGS.rounds):
-        s, tokens = timed(tf_step, ARGS.steps)
-        tf_times.append(s)
-        if t_model is not None:
-            th_times.append(timed(th_step, ARGS.steps)[0])
-        if ARGS.one_thread_rows:
-            fast_threads.set_threads(1)
-            one_times.append(timed(tf_step, ARGS.steps)[0])
+    runs = [(tf_step, tf_times, None)]   # (step, its times, row threads: None = the default)
+    if t_model is not None:
+        runs.append((th_step, th_times, None))
+    if ARGS.one_thread_rows:
+        runs.append((tf_step, one_times, 1))
+    for r in range(ARGS.rounds):
+        # Each round starts with the next contestant: which one runs first (after the
+        # other's memory traffic, or with OpenBLAS's threads still awake) does not favour one.
+        for step, times, row_threads in runs[r % len(runs):] + runs[:r % len(runs)]:
+            fast_threads.set_threads(row_threads)
+            s, n = timed(step, ARGS.steps)
             fast_threads.set_threads(None)
+            times.append(s)
+            tokens = n
     tf_s = statistics.median(tf_times)
     results.update(tokens=tokens, tinytf_step_s=tf_s, tinytf_tok_s=tokens / tf_s)
     if one_times:
