@@ -336,7 +336,8 @@ def bench_config(name, batches):
             s, n = timed(step, ARGS.steps)
             fast_threads.set_threads(None)
             times.append(s)
-            tokens = n
+            if times is tf_times:
+                tokens = n
     tf_s = statistics.median(tf_times)
     results.update(tokens=tokens, tinytf_step_s=tf_s, tinytf_tok_s=tokens / tf_s)
     if one_times:
