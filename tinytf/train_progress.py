@@ -15,7 +15,8 @@ import math
 import time
 
 # Fewer in a whole budget: short of updates. At 10 minutes, runs of 267, 530 and 738 updates
-# reached 0.29x, 0.70x and 0.67x the BLEU of 1,000-1,900 (docs/benchmarks.md, "Robustness").
+# reached 0.29x, 0.70x and 0.67x the BLEU of 1,000-1,900 (docs/training.md, "Robustness of
+# the alternatives").
 FEW_UPDATES = 800
 
 
@@ -97,7 +98,7 @@ class Progress:
         """Once, after 20 updates: a warning when the time budget, at this pace, ends with
         fewer than `FEW_UPDATES` updates, else None. At a fixed budget a larger batch means
         fewer updates, and below a few hundred the model is short of updates, not of
-        tokens (docs/benchmarks.md, "Robustness of the tiny recipe")."""
+        tokens (docs/training.md, "Robustness of the alternatives")."""
         done = step - self.start_step
         if self.pace_checked or done < 20 or not math.isfinite(self.budget):
             return None
