@@ -391,6 +391,11 @@ def report(r):
     if r.get("torch_gemm_s"):
         print(f"the same GEMMs through torch.matmul: {r['torch_gemm_s'] * 1e3:.1f} ms "
               f"({r['gemm_gflop'] / r['torch_gemm_s']:.0f} GFLOP/s)")
+    if "torch_step_s" in r:
+        # With everything but the products free, tinytf's step would take its GEMMs' time.
+        print(f"bound: PyTorch's step / tinytf's GEMMs alone = "
+              f"{r['torch_step_s'] / r['gemm_s']:.2f}x (the most any change outside the "
+              f"products can reach)")
     total = r["profiled_step_s"]
     shown = 0.0
     for k, v in list(r["ops"].items())[:14]:
