@@ -292,6 +292,52 @@ def test_a_signal_stops_with_a_checkpoint_first_and_the_run_resumes_exactly(
         assert a.model[name].tobytes() == b.model[name].tobytes(), name
 
 
+@pytest.mark.parametrize("signum, marker", [(signal.SIGTERM, "stopped (max_steps)"),
+                                            (signal.SIGINT, "test BLEU")])
+def test_a_signal_in_the_final_phase_stops_it_and_the_run_finishes_it_on_resume(
+        data_dir, tmp_path, signum, marker):
+    """A stop signal after the last update, in the final validation or the test decoding
+    (twice, to the whole process group, as a terminal's Ctrl-C or a scheduler sends it):
+    the run stops there, with the last update's checkpoint written whole, no traceback,
+    not even from the decoding workers, and exit status 128 + N. ``--resume`` then runs the
+    final validation and test and writes checkpoint_best.npz."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in os.listdir(data_dir):
+        (data / name).write_bytes((pathlib.Path(data_dir) / name).read_bytes())
+    for lang in ("en", "de"):   # the shipped test set: decoding it takes a second or two
+        test = pathlib.Path(ROOT, "data", "ende", f"test.{lang}")
+        (data / f"test.{lang}").write_bytes(test.read_bytes())
+    out = tmp_path / "run"
+    proc = _train_cli("--data", str(data), "--out", str(out), *STOP_ARGS,
+                      start_new_session=True)
+    try:
+        for line in proc.stderr:
+            if line.startswith(marker):
+                os.killpg(proc.pid, signum)
+                time.sleep(0.05)
+                os.killpg(proc.pid, signum)
+                break
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signum, stderr
+    assert "Traceback" not in stderr, stderr
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["stopped"] == "signal" and summary["signal"] == signum
+    assert summary["steps"] == 40 and "test_bleu" not in summary
+    assert checkpoint.load(out / checkpoint.LAST).step == 40
+
+    resumed = _train_cli("--out", str(out), "--resume")
+    stdout, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, stderr
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["stopped"] == "max_steps" and summary["steps"] == 40
+    assert "test_bleu_beam" in summary
+    best = checkpoint.load(out / checkpoint.BEST, with_optim=False)
+    assert best.step == 40 and "dev_loss" in best.meta["metrics"]
+
+
 @pytest.mark.parametrize("when", ["interval", "final"])
 def test_a_failed_validation_costs_no_training(data_dir, tmp_path, monkeypatch, when):
     """A validation that raises (here sacrebleu's scoring, at a periodic validation or the

@@ -63,7 +63,7 @@ class PipelinedTrainer(Trainer):
             if in_flight is not None:
                 self._account(self.settle(in_flight), progress)
             saved_step = self._stop_checkpoint(stop, saved_step)
-        return self._summary(stop, progress, saved_step)
+            return self._summary(stop, progress, saved_step)
 
     def _decides(self, step: int) -> bool:
         """Whether reaching ``step`` may end the run or needs validation or a checkpoint

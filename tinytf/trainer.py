@@ -54,7 +54,7 @@ from .plot import write_training_plot
 from .run_dir import (changed_on_resume, checkpoint_to_resume, claim_run_dir, data_paths,
                       init_checkpoint, load_init_weights, prepared_corpus,
                       resumed_model_config, run_bpe)
-from .stop_signals import StopSignals
+from .stop_signals import StopRequested, StopSignals
 # (TrainConfig and apply_overrides are also re-exported: callers import them from here.)
 from .train_config import (BPE_FILE, TrainConfig, TrainError, apply_overrides,  # noqa: F401
                            model_config_for)
@@ -318,7 +318,7 @@ class Trainer:
                 batches = [next(stream) for _ in range(cfg.update_freq)]
                 self._account(self.train_step(batches), progress)
             saved_step = self._stop_checkpoint(stop, saved_step)
-        return self._summary(stop, progress, saved_step)
+            return self._summary(stop, progress, saved_step)
 
     def train_step(self, batches) -> dict:
         """One whole update from ``batches``: :meth:`forward_backward`, then
@@ -555,6 +555,8 @@ class Trainer:
         ``--resume`` goes on from it."""
         try:
             return self.validate(bleu_sentences)
+        except StopRequested:
+            raise               # a stop signal in the final validation: Trainer._finish
         except BaseException as error:
             if not saved:
                 path = self.save()
@@ -586,8 +588,9 @@ class Trainer:
             "metrics": {k: v for k, v in (metrics or {}).items() if k != "samples"},
             "world_size": self.comm.size,
         }
-        return self.manager.save(self.step, self.model.state_dict(),
-                                 self.optimizer.state_dict(), meta, score=score)
+        with self.signals.deferred():       # a stop signal cannot cut a checkpoint short
+            return self.manager.save(self.step, self.model.state_dict(),
+                                     self.optimizer.state_dict(), meta, score=score)
 
     def dropout_on(self) -> bool:
         """Whether this update's batches train with the model's dropout: those of epoch
@@ -615,7 +618,8 @@ class Trainer:
 
     def _summary(self, stop, progress, saved_step) -> dict:
         """The run's summary; on rank 0 after the final validation, checkpoint and test
-        (after a signal, only the checkpoint that :meth:`_stop_checkpoint` wrote)."""
+        (after a signal, only the checkpoint that :meth:`_stop_checkpoint` wrote; a signal
+        during them ends them as :meth:`_finish` says)."""
         train_seconds = time.perf_counter() - progress.t_start
         self.log.info(f"stopped ({stop}) at step {self.step} after "
                       f"{format_seconds(train_seconds)}")
@@ -645,25 +649,47 @@ class Trainer:
             self.lock.release()
 
     def _finish(self, saved_step) -> dict:
-        """Final validation (full dev set), checkpoint, test BLEU and the plot (rank 0)."""
+        """Final validation (full dev set), checkpoint, test BLEU and the plot (rank 0).
+
+        A stop signal stops this at once, wherever it is (:meth:`StopSignals.interrupting`),
+        but never inside a checkpoint's writing: the last update's checkpoint is written
+        first if it was not yet, and ``out["stopped"]`` is ``"signal"``, so the process
+        exits 128 + N and ``--resume`` runs what is left of this (the budget is spent)."""
         out = {}
-        metrics = self._validate_or_save(0, saved=saved_step == self.step)
-        log_validation(self.log, self.step, metrics)
-        for key in ("dev_loss", "dev_nll", "dev_ppl", "dev_bleu"):
-            out[key] = round(metrics[key], 4)
-        if saved_step != self.step:
-            out["checkpoint"] = self.save(metrics)
-        else:
-            out["checkpoint"] = os.path.join(self.run_dir, f"checkpoint_{self.step}.npz")
-        if self.cfg.test_bleu and self.test_lines is not None:
-            # Forked decoders only in a single process: no MPI state may cross a fork.
-            workers = thread_budget() if self.comm.size == 1 else 1
-            out.update(test_scores(self.model, self.bpe, self.test_lines, self.log,
-                                   self.device, self.policy.name, self.cfg.test_beam,
-                                   max(self.cfg.valid_samples, 3), workers))
-        path = self._plot()
-        if path:
-            out["plot"] = path
+        saved = saved_step == self.step
+        try:
+            with self.signals.interrupting():
+                metrics = self._validate_or_save(0, saved=saved)
+                log_validation(self.log, self.step, metrics)
+                for key in ("dev_loss", "dev_nll", "dev_ppl", "dev_bleu"):
+                    out[key] = round(metrics[key], 4)
+                # The step's checkpoint with this validation's metrics: written unless it
+                # exists, and again where the score is a new best (checkpoint_best.npz: a
+                # run resumed to finish this phase has none of this step yet).
+                if not saved or self.manager.improves(metrics.get(self.metric_key)):
+                    out["checkpoint"] = self.save(metrics)
+                    saved = True
+                if self.signals.requested:      # it came while the checkpoint was written
+                    raise StopRequested(self.signals.number)
+                if self.cfg.test_bleu and self.test_lines is not None:
+                    # Forked decoders only in a single process: no MPI state may cross a fork.
+                    workers = thread_budget() if self.comm.size == 1 else 1
+                    out.update(test_scores(self.model, self.bpe, self.test_lines, self.log,
+                                           self.device, self.policy.name, self.cfg.test_beam,
+                                           max(self.cfg.valid_samples, 3), workers))
+                path = self._plot()
+                if path:
+                    out["plot"] = path
+        except BaseException:
+            # A StopRequested, or what the signal broke on its way (decoding workers killed
+            # by the same signal): a stop, not a failure. Anything else propagates.
+            if not self.signals.requested:
+                raise
+            if not saved:
+                path = self.save()
+                self.log.info(f"wrote {path} (the last update's checkpoint); stopping")
+            out.update(stopped="signal", signal=self.signals.number)
+        out["checkpoint"] = os.path.join(self.run_dir, f"checkpoint_{self.step}.npz")
         return out
 
     def _plot(self) -> str | None:

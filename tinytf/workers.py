@@ -13,6 +13,7 @@ import concurrent.futures
 import ctypes
 import multiprocessing
 import os
+import signal
 
 # What OpenBLAS's thread-count setter is called in the builds that NumPy ships (scipy-openblas,
 # 64-bit integers) and in a distribution's own library.
@@ -83,6 +84,19 @@ def can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
+def _start_worker(initializer, initargs) -> None:
+    """A worker's first act: SIGINT ignored (a terminal's Ctrl-C reaches the whole process
+    group; the parent stops and ends its workers), SIGTERM and SIGUSR1 back to their default
+    actions (a fork inherits the parent's handlers, such as a training run's stop handler,
+    which must not run in a worker); then ``initializer(*initargs)``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for name in ("SIGTERM", "SIGUSR1"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    if initializer is not None:
+        initializer(*initargs)
+
+
 def ordered_map(fn, items, workers: int, initializer=None, initargs=()):
     """Yield ``fn(item)`` for each item, in order: in this process for one worker (after
     ``initializer(*initargs)``), else in ``workers`` processes, each initialised once."""
@@ -93,8 +107,8 @@ def ordered_map(fn, items, workers: int, initializer=None, initargs=()):
         return
     context = multiprocessing.get_context("fork" if can_fork() else "spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
-                                                initializer=initializer,
-                                                initargs=initargs) as pool:
+                                                initializer=_start_worker,
+                                                initargs=(initializer, initargs)) as pool:
         pending = collections.deque()
         try:
             for item in items:
