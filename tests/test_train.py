@@ -1146,3 +1146,19 @@ def test_count_of_is_singular_only_for_one():
     assert count_of(10.0, "minute") == "10 minutes"
     assert count_of(100000, "step") == "100,000 steps"
     assert count_of(1, "epoch") == "1 epoch"
+
+
+def test_ctrl_c_before_the_first_update_is_one_line_and_exit_130(
+        data_dir, tmp_path, monkeypatch, capsys):
+    """Ctrl-C while the run starts (learning the BPE, preparing the corpus), before the
+    stop signals are the run's: no traceback, one line, 128 + SIGINT."""
+    from tinytf.commands import train as train_command
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_command, "train", interrupted)
+    status = train_command.main(["--data", data_dir, "--out", str(tmp_path / "run"),
+                                 "--max-steps", "1"])
+    assert status == 128 + signal.SIGINT
+    assert capsys.readouterr().err.strip().endswith("interrupted; no update to save")

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -438,6 +439,32 @@ def test_cli_a_closed_output_pipe_ends_quietly(run_dir, test_lines, tmp_path):
     proc.stdout.close()
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 141 and b"Traceback" not in stderr, stderr.decode()
+
+
+def test_cli_ctrl_c_ends_with_the_blocks_written_and_no_traceback(run_dir, test_lines, tmp_path):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it, while two decoding
+    workers run: exit 130, one line on stderr, every block written so far whole, no
+    traceback from the command or its workers."""
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(test_lines * 40) + "\n", encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "translate.py"), "--model",
+                             str(run_dir), "--input", str(src), "--buffer-size", "8",
+                             "--batch-size", "2", "--workers", "2", "--quiet"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        first = proc.stdout.readline()
+        os.killpg(proc.pid, signal.SIGINT)
+        rest = proc.stdout.read()       # through the reader's buffer: the block's other lines
+        stderr = proc.stderr.read()
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    stderr = stderr.decode()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted after" in stderr, stderr
+    written = (first + rest).decode().splitlines()
+    assert 0 < len(written) < 16 * 40 and len(written) % 8 == 0
 
 
 def test_cli_an_unwritable_output_fails_before_decoding(run_dir, tmp_path):

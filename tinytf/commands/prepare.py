@@ -73,6 +73,9 @@ def main(argv=None) -> int:
     except (TrainError, DataError, BPEFileError) as e:
         print(f"tinytf-prepare: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # what is written is whole; the next run redoes the rest
+        print("tinytf-prepare: interrupted", file=sys.stderr)
+        return 128 + 2                  # SIGINT
     return 0
 
 

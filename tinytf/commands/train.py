@@ -189,7 +189,7 @@ def _prog() -> str:
 
 def main(argv=None) -> int:
     """Run the command line; returns the exit status (0 done, 2 usage or data error,
-    128 + N stopped by signal N with its checkpoint)."""
+    128 + N stopped by signal N with its checkpoint, 130 interrupted before training)."""
     args = build_parser().parse_args(argv)
     given = given_options(sys.argv[1:] if argv is None else argv)
     if args.device == "gpu":  # read by tinytf.backend and by distributed.init (GPU choice)
@@ -204,6 +204,13 @@ def main(argv=None) -> int:
                 comm.abort(f"{_prog()}: error: {e}", code=2)
             print(f"{_prog()}: error: {e}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:
+            # Ctrl-C before the first update or after the last one: the stop signals are
+            # the run's own from the first update to the summary (tinytf.stop_signals).
+            if comm.size > 1:
+                raise                   # comm.guard() ends every rank
+            print(f"{_prog()}: interrupted; no update to save", file=sys.stderr)
+            return 128 + signal.SIGINT
         if comm.is_root:
             print(json.dumps(summary, sort_keys=True), flush=True)
     if summary["stopped"] == "signal":   # the requeue's cue: 128 + the signal's number

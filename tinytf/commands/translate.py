@@ -202,13 +202,15 @@ def _prog() -> str:
 
 def main(argv=None) -> int:
     """Run the command line; returns the exit status: 0 done, 2 usage or data error (one
-    line naming the file), 141 the output pipe closed (128 + SIGPIPE); 1 is an internal
-    error (a traceback)."""
+    line naming the file), 141 the output pipe closed (128 + SIGPIPE), 130 interrupted
+    (Ctrl-C: the lines translated so far are written); 1 is an internal error (a
+    traceback)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     _check(args, parser)
     name = "<stdin>" if args.input == "-" else args.input
     out = infile = None
+    done = 0
     try:
         references = read_text_lines(args.reference, args.errors) if args.reference else None
         fd, infile = _open_input(args.input)
@@ -222,7 +224,7 @@ def main(argv=None) -> int:
             return 0
         workers = args.workers or thread_budget()
         progress = Progress(every=5.0) if not args.quiet else None
-        best, done = [], 0
+        best = []
         # The weights are fixed for the whole command: their transposes are copied once for
         # all the blocks, not once per block (docs/decoding.md, "Cores").
         with transposed_weights(translator.model):
@@ -254,6 +256,11 @@ def main(argv=None) -> int:
     except (TranslationError, BPEFileError, OSError) as e:
         print(f"{_prog()}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Every block written so far is complete and flushed; the workers ignore SIGINT and
+        # end with the parent.
+        print(f"{_prog()}: interrupted after {done:,} lines", file=sys.stderr)
+        return 128 + 2                  # SIGINT
     finally:
         if infile is not None:
             infile.close()

@@ -131,4 +131,7 @@ def main(argv=None):
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 128 + 2                  # SIGINT
     return 0
