@@ -451,7 +451,10 @@ def test_cli_ctrl_c_ends_with_the_blocks_written_and_no_traceback(run_dir, test_
                              str(run_dir), "--input", str(src), "--buffer-size", "8",
                              "--batch-size", "2", "--workers", "2", "--quiet"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True,
+                            # SIGINT as a terminal leaves it (a shell's background job, as
+                            # a CI runner may start this, inherits it ignored)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = proc.stdout.readline()
         os.killpg(proc.pid, signal.SIGINT)
