@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import ctypes
 import multiprocessing
 import os
@@ -84,15 +85,39 @@ def can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
+# The signals that stop a command or a training run (tinytf.stop_signals has the run's).
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1")
+                      if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def _stop_signals_held():
+    """The stop signals held back (pending, not lost) while the block forks workers: in the
+    parent, a handler that ran inside fork's at-fork hooks would have its exception ignored,
+    and a worker must not run the parent's handler before :func:`_start_worker` replaces
+    it. They are delivered when the block ends (in a worker, when it has its own)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def _start_worker(initializer, initargs) -> None:
     """A worker's first act: SIGINT ignored (a terminal's Ctrl-C reaches the whole process
     group; the parent stops and ends its workers), SIGTERM and SIGUSR1 back to their default
     actions (a fork inherits the parent's handlers, such as a training run's stop handler,
-    which must not run in a worker); then ``initializer(*initargs)``."""
+    which must not run in a worker), the signals held back by the fork let through; then
+    ``initializer(*initargs)``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for name in ("SIGTERM", "SIGUSR1"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    for sig in _STOP_SIGNALS:
+        if sig != signal.SIGINT:
+            signal.signal(sig, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     if initializer is not None:
         initializer(*initargs)
 
@@ -112,7 +137,8 @@ def ordered_map(fn, items, workers: int, initializer=None, initargs=()):
         pending = collections.deque()
         try:
             for item in items:
-                pending.append(pool.submit(fn, item))
+                with _stop_signals_held():      # the first submit forks the workers
+                    pending.append(pool.submit(fn, item))
                 if len(pending) >= 2 * workers:
                     yield pending.popleft().result()
             while pending:
