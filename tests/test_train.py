@@ -338,6 +338,36 @@ def test_a_signal_in_the_final_phase_stops_it_and_the_run_finishes_it_on_resume(
     assert best.step == 40 and "dev_loss" in best.meta["metrics"]
 
 
+def test_a_signal_in_a_periodic_validation_ends_it_with_the_checkpoint(data_dir, tmp_path):
+    """A stop signal while the run validates (every 20 updates, greedy BLEU of the 500
+    shipped dev sentences): the validation ends at once, unfinished, the update's
+    checkpoint is written and the run exits 128 + N."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in os.listdir(data_dir):
+        (data / name).write_bytes((pathlib.Path(data_dir) / name).read_bytes())
+    for lang in ("en", "de"):
+        dev = pathlib.Path(ROOT, "data", "ende", f"dev.{lang}")
+        (data / f"dev.{lang}").write_bytes(dev.read_bytes())
+    out = tmp_path / "run"
+    proc = _train_cli("--data", str(data), "--out", str(out), *STOP_ARGS,
+                      "--valid-interval", "20", "--set", "valid_bleu_sentences=0")
+    try:
+        for line in proc.stderr:
+            if line.startswith("step 20 |"):
+                time.sleep(0.15)        # into the validation (about 1 s on 2 cores)
+                proc.send_signal(signal.SIGUSR1)
+                break
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGUSR1, stderr
+    assert "valid step 20" not in stderr and "Traceback" not in stderr, stderr
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["stopped"] == "signal" and summary["steps"] == 20
+    assert checkpoint.load(out / checkpoint.LAST).step == 20
+
+
 @pytest.mark.parametrize("when", ["interval", "final"])
 def test_a_failed_validation_costs_no_training(data_dir, tmp_path, monkeypatch, when):
     """A validation that raises (here sacrebleu's scoring, at a periodic validation or the

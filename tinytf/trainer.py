@@ -486,15 +486,21 @@ class Trainer:
 
     def _interval_work(self, progress) -> bool:
         """Validate and/or save if the step count is on an interval; True if a checkpoint
-        was written. The pause is not counted as training time."""
+        was written. The pause is not counted as training time. A stop signal during the
+        validation ends it: the checkpoint is written (without its metrics) and the loop
+        stops at its next check."""
         if not self._on_interval(self.step):
             return False
         t_pause = time.perf_counter()
         if self.root:
             metrics = None
             if self.step % self.cfg.valid_interval == 0:
-                metrics = self._validate_or_save(self.cfg.valid_bleu_sentences)
-                log_validation(self.log, self.step, metrics)
+                try:            # a stop signal ends the validation at once (no update lost)
+                    with self.signals.interrupting():
+                        metrics = self._validate_or_save(self.cfg.valid_bleu_sentences)
+                    log_validation(self.log, self.step, metrics)
+                except StopRequested:
+                    metrics = None          # the checkpoint, then the loop stops
             self.save(metrics)
             if metrics:
                 self._plot()        # redrawn at every validation: a killed run has one too
@@ -556,7 +562,7 @@ class Trainer:
         try:
             return self.validate(bleu_sentences)
         except StopRequested:
-            raise               # a stop signal in the final validation: Trainer._finish
+            raise               # a stop signal: the caller writes the checkpoint
         except BaseException as error:
             if not saved:
                 path = self.save()
