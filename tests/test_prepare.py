@@ -111,6 +111,30 @@ def test_a_failed_preparation_keeps_the_previous_corpus(bpe_path, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["c"]
 
 
+def test_a_killed_writer_s_leftovers_go_at_the_next_preparation(bpe_path, tmp_path):
+    """A writer killed half-way (SIGKILL: no clean-up runs) leaves ``c.tmp-PID``; the next
+    preparation removes it once that process is gone, and leaves a running one's alone."""
+    out = str(tmp_path / "c")
+    code = ("import time, numpy as np\nfrom tinytf.corpus_file import CorpusWriter\n"
+            f"w = CorpusWriter({out!r}, 1000)\n"
+            "w.add(np.arange(3), [3], np.arange(2), [2], [0])\n"
+            "print('half-way', flush=True)\ntime.sleep(120)\n")
+    writer = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert writer.stdout.readline().strip() == "half-way"
+        leftover = f"{out}.tmp-{writer.pid}"
+        assert os.path.isdir(leftover)
+        prepare_corpus(*PAIR, bpe_path, out, 128, workers=1)
+        assert os.path.isdir(leftover)              # its writer still runs
+    finally:
+        writer.kill()
+        writer.wait()
+    prepare_corpus(*PAIR, bpe_path, out, 128, workers=1)
+    assert sorted(os.listdir(tmp_path)) == ["c"]
+    assert read_header(out)["pairs"] == len(open_corpus(out))
+
+
 def test_stale_and_foreign_corpora_are_recognised(bpe_path, tmp_path):
     data = tmp_path / "data"
     data.mkdir()

@@ -69,6 +69,7 @@ class CorpusWriter:
         self.vocab_size = vocab_size
         parent = os.path.dirname(self.path)
         os.makedirs(parent, exist_ok=True)
+        remove_leftovers(self.path)
         self.tmp = f"{self.path}.tmp-{os.getpid()}"
         shutil.rmtree(self.tmp, ignore_errors=True)
         os.makedirs(self.tmp)
@@ -119,6 +120,35 @@ class CorpusWriter:
                 f.close()
             shutil.rmtree(self.tmp, ignore_errors=True)
         return False
+
+
+def _running(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:     # someone else's
+        return True
+    return True
+
+
+def remove_leftovers(path) -> list[str]:
+    """Delete what a :class:`CorpusWriter` killed before it finished (SIGKILL, a scheduler's
+    SIGTERM) left beside ``path``: ``PATH.tmp-PID`` (the unfinished corpus) and
+    ``PATH.old-PID`` (a replaced one), where process PID no longer runs. At WMT scale each
+    holds hundreds of megabytes, and nothing else would ever remove them. Returns the
+    directories removed."""
+    parent, name = os.path.split(os.path.abspath(path))
+    removed = []
+    for entry in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
+        for tag in (".tmp-", ".old-"):
+            pid = entry[len(name) + len(tag):]
+            if (entry.startswith(name + tag) and pid.isdigit() and int(pid) != os.getpid()
+                    and not _running(int(pid))):
+                shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+                removed.append(os.path.join(parent, entry))
+    return removed
 
 
 def read_header(path) -> dict | None:
