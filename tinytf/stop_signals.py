@@ -6,10 +6,7 @@ import contextlib
 import signal
 import threading
 
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1")
-                     if hasattr(signal, name))
-"""The signals that stop a run. SIGUSR1 is the one Open MPI's ``mpirun`` forwards to its
-ranks (it handles SIGTERM itself)."""
+from .workers import STOP_SIGNALS
 
 
 class StopRequested(BaseException):

@@ -85,9 +85,11 @@ def can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
-# The signals that stop a command or a training run (tinytf.stop_signals has the run's).
-_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1")
-                      if hasattr(signal, name))
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1")
+                     if hasattr(signal, name))
+"""The signals that stop a command or a training run (the run's handling of them:
+:mod:`tinytf.stop_signals`). SIGUSR1 is the one Open MPI's ``mpirun`` forwards to its ranks
+(it handles SIGTERM itself)."""
 
 
 @contextlib.contextmanager
@@ -99,7 +101,7 @@ def _stop_signals_held():
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
     finally:
@@ -113,11 +115,11 @@ def _start_worker(initializer, initargs) -> None:
     which must not run in a worker), the signals held back by the fork let through; then
     ``initializer(*initargs)``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for sig in _STOP_SIGNALS:
+    for sig in STOP_SIGNALS:
         if sig != signal.SIGINT:
             signal.signal(sig, signal.SIG_DFL)
     if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     if initializer is not None:
         initializer(*initargs)
 
