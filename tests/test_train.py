@@ -243,6 +243,18 @@ STOP_ARGS = ["--max-steps", "40", "--vocab-size", "300", "--max-tokens", "200",
              *[a for s in TINY for a in ("--set", s)]]
 
 
+def _with_shipped(data_dir, tmp_path, split):
+    """A copy of ``data_dir`` with the shipped corpus's whole ``split`` (both sides)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in os.listdir(data_dir):
+        (data / name).write_bytes((pathlib.Path(data_dir) / name).read_bytes())
+    for lang in ("en", "de"):
+        shipped = pathlib.Path(ROOT, "data", "ende", f"{split}.{lang}")
+        (data / f"{split}.{lang}").write_bytes(shipped.read_bytes())
+    return data
+
+
 def _train_cli(*args, **kw):
     return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -301,13 +313,7 @@ def test_a_signal_in_the_final_phase_stops_it_and_the_run_finishes_it_on_resume(
     the run stops there, with the last update's checkpoint written whole, no traceback,
     not even from the decoding workers, and exit status 128 + N. ``--resume`` then runs the
     final validation and test and writes checkpoint_best.npz."""
-    data = tmp_path / "data"
-    data.mkdir()
-    for name in os.listdir(data_dir):
-        (data / name).write_bytes((pathlib.Path(data_dir) / name).read_bytes())
-    for lang in ("en", "de"):   # the shipped test set: decoding it takes a second or two
-        test = pathlib.Path(ROOT, "data", "ende", f"test.{lang}")
-        (data / f"test.{lang}").write_bytes(test.read_bytes())
+    data = _with_shipped(data_dir, tmp_path, "test")   # decoding it takes a second or two
     out = tmp_path / "run"
     proc = _train_cli("--data", str(data), "--out", str(out), *STOP_ARGS,
                       start_new_session=True)
@@ -342,13 +348,7 @@ def test_a_signal_in_a_periodic_validation_ends_it_with_the_checkpoint(data_dir,
     """A stop signal while the run validates (every 20 updates, greedy BLEU of the 500
     shipped dev sentences): the validation ends at once, unfinished, the update's
     checkpoint is written and the run exits 128 + N."""
-    data = tmp_path / "data"
-    data.mkdir()
-    for name in os.listdir(data_dir):
-        (data / name).write_bytes((pathlib.Path(data_dir) / name).read_bytes())
-    for lang in ("en", "de"):
-        dev = pathlib.Path(ROOT, "data", "ende", f"dev.{lang}")
-        (data / f"dev.{lang}").write_bytes(dev.read_bytes())
+    data = _with_shipped(data_dir, tmp_path, "dev")
     out = tmp_path / "run"
     proc = _train_cli("--data", str(data), "--out", str(out), *STOP_ARGS,
                       "--valid-interval", "20", "--set", "valid_bleu_sentences=0")
