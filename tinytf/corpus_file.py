@@ -133,22 +133,18 @@ def _running(pid: int) -> bool:
     return True
 
 
-def remove_leftovers(path) -> list[str]:
+def remove_leftovers(path) -> None:
     """Delete what a :class:`CorpusWriter` killed before it finished (SIGKILL, a scheduler's
     SIGTERM) left beside ``path``: ``PATH.tmp-PID`` (the unfinished corpus) and
     ``PATH.old-PID`` (a replaced one), where process PID no longer runs. At WMT scale each
-    holds hundreds of megabytes, and nothing else would ever remove them. Returns the
-    directories removed."""
+    holds hundreds of megabytes, and nothing else would ever remove them."""
     parent, name = os.path.split(os.path.abspath(path))
-    removed = []
     for entry in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
         for tag in (".tmp-", ".old-"):
             pid = entry[len(name) + len(tag):]
             if (entry.startswith(name + tag) and pid.isdigit() and int(pid) != os.getpid()
                     and not _running(int(pid))):
                 shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
-                removed.append(os.path.join(parent, entry))
-    return removed
 
 
 def read_header(path) -> dict | None:

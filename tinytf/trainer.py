@@ -673,7 +673,7 @@ class Trainer:
                 # exists, and again where the score is a new best (checkpoint_best.npz: a
                 # run resumed to finish this phase has none of this step yet).
                 if not saved or self.manager.improves(metrics.get(self.metric_key)):
-                    out["checkpoint"] = self.save(metrics)
+                    self.save(metrics)
                     saved = True
                 if self.signals.requested:      # it came while the checkpoint was written
                     raise StopRequested(self.signals.number)
