@@ -184,20 +184,25 @@ def test_stopping_rule_saves_steps():
     assert len(calls) < 40
 
 
-def test_first_step_runs_one_row_per_sentence():
-    """Step 0 extends the empty prefix once per sentence; later steps run the full beams."""
-    score_fn = random_scorer(10, eos_bias=-3.0)
-    calls = []
+def test_only_live_hypotheses_are_extended():
+    """Step 0 extends the empty prefix once per sentence; later steps extend the live
+    hypotheses alone: one that ended in </s> leaves the state, and its beam runs fewer rows
+    in the next step (the result is the same: the other tests compare it with greedy
+    decoding and exhaustive search)."""
+    score_fn = random_scorer(10, eos_bias=-1.0)
+    fed = []
     step = prefix_step(score_fn)
 
-    def counting_step(tokens, state):
-        calls.append(len(tokens))
+    def recording_step(tokens, state):
+        fed.append(tokens.copy())
         return step(tokens, state)
 
-    beam_search(counting_step, PrefixState.start(np.arange(3)), 3, [6, 6, 6], beam_size=4,
+    beam_search(recording_step, PrefixState.start(np.arange(3)), 3, [6, 6, 6], beam_size=4,
                 stop_early=False)
-    assert calls[0] == 3
-    assert calls[1:] and all(n % 4 == 0 and 0 < n <= 12 for n in calls[1:])
+    assert fed[0].tolist() == [BOS] * 3
+    rows = [len(tokens) for tokens in fed[1:]]
+    assert rows and all(0 < n <= 12 for n in rows) and any(n % 4 for n in rows)
+    assert all(tokens.min() > EOS for tokens in fed[1:])   # no </s>, <s> or <pad> fed
 
 
 def exhaustive_best(score_fn, vocab, max_len, alpha):

@@ -392,7 +392,9 @@ def test_decoder_state_select_reorders_rows():
         model.decode_step(tokens[:, 0], state)
         model.decode_step(tokens[:, 1], state)
         state = state.select(order)
-        assert state.length == 2 and state.src_mask.shape[0] == 3
+        # runs of unequal length ([2], [0, 0]): one memory row each, laid out in 2 places
+        assert state.length == 2 and state.src_mask.shape[0] == 2 and state.group == 2
+        assert state.padding is not None
         logp = model.decode_step(tokens[order, 2], state)
         np.testing.assert_allclose(logp, full[:, 2], rtol=1e-5, atol=1e-5)
         # dropping rows works the same way
@@ -411,38 +413,54 @@ def test_decoder_state_select_reorders_rows():
 
 @pytest.mark.parametrize("qk_norm", [False, True])
 def test_grouped_hypotheses_share_their_sentence_memory(qk_norm):
-    """As beam search selects rows (k consecutive hypotheses per sentence, reordered within
-    their sentence, sentences leaving): the encoder-decoder keys stay one row per sentence,
-    the self-attention caches are written in place past their first capacity, and every
-    step equals the full decode of the rows' prefixes."""
+    """As beam search selects rows (up to k consecutive hypotheses per sentence, reordered
+    within their sentence, fewer where hypotheses ended, sentences leaving): the
+    encoder-decoder keys stay one row per sentence, the self-attention caches are written in
+    place past their first capacity, and every step equals the full decode of the rows'
+    prefixes."""
     model = make_model(pre_norm=False, qk_norm=qk_norm).eval()
     rng = np.random.default_rng(10)
     src, _ = random_batch(rng, 3, 6, 2, 13)
     k, steps = 4, 20                       # 20 steps: past the caches' first capacity (16)
-    tokens = rng.integers(3, 13, size=(3 * k, steps))
+    tokens = rng.integers(3, 13, size=(3 * k, steps + 1))
     tokens[:, 0] = BOS
+
+    def check_step(state, rows, sentence, t):
+        logp = model.decode_step(tokens[rows, t], state)
+        full = model.decode(tokens[rows, :t + 1], model.encode(src[sentence]), src[sentence])
+        np.testing.assert_allclose(logp, full.log_softmax(-1).data[:, -1],
+                                   rtol=2e-5, atol=2e-5)
+
     with no_grad():
         memory = model.encode(src)
         state = model.start_decoding(memory, src).select(np.repeat(np.arange(3), k))
         assert state.group == k and state.cross_kv[0][0].shape[0] == 3
+        assert state.padding is None
         rows = np.arange(3 * k)           # which original hypothesis each row now follows
         sentence = np.repeat(np.arange(3), k)
+        ragged_steps = 0
         for t in range(steps):
-            logp = model.decode_step(tokens[rows, t], state)
-            prefix = tokens[rows, :t + 1]
-            full = model.decode(prefix, model.encode(src[sentence]), src[sentence])
-            np.testing.assert_allclose(logp, full.log_softmax(-1).data[:, -1],
-                                       rtol=2e-5, atol=2e-5)
-            # Reorder within each sentence; at step 10 the middle sentence leaves.
-            pick = np.concatenate([b * k + rng.integers(0, k, k) for b in range(len(rows) // k)])
+            check_step(state, rows, sentence, t)
+            # Each sentence keeps 1 to k of its rows, in any order (every other step all k);
+            # at step 10 the middle sentence leaves.
+            runs = [np.flatnonzero(sentence == s) for s in dict.fromkeys(sentence)]
             if t == 10:
-                pick = pick.reshape(-1, k)[[0, 2]].reshape(-1)
+                runs = [runs[0], runs[2]]
+            sizes = [k if t % 2 else rng.integers(1, k + 1) for _ in runs]
+            pick = np.concatenate([rng.choice(run, size) for run, size in zip(runs, sizes)])
             state = state.select(pick)
             rows, sentence = rows[pick], sentence[pick]
-        assert state.group == k and state.cross_kv[0][0].shape[0] == 2
+            assert state.group == max(sizes) and state.cross_kv[0][0].shape[0] == len(runs)
+            assert (state.padding is None) == (min(sizes) == max(sizes))
+            ragged_steps += state.padding is not None
+        assert ragged_steps >= 3 and state.cross_kv[0][0].shape[0] == 2
         assert state.caches[0].length == steps and state.caches[0].k.shape[2] >= steps
-        state.select([4, 0, 1])           # unequal runs: one memory row per hypothesis
+        # A sentence in two runs: one memory row per hypothesis, the same numbers.
+        first, last = np.flatnonzero(sentence == 0)[0], np.flatnonzero(sentence == 2)[0]
+        pick = np.array([first, last, first])
+        state.select(pick)
         assert state.group == 1 and state.cross_kv[0][0].shape[0] == 3
+        check_step(state, rows[pick], sentence[pick], steps)
 
 
 # ----------------------------------------------------------------------------------------

@@ -11,11 +11,14 @@ The search (:mod:`tinytf.search`) holds N rows, the hypotheses, and after every 
   decoding while no sentence finishes).
 * **Encoder-decoder keys and values**, one pair per layer, the same for every hypothesis of a
   sentence. They are kept once per *memory row* (a source sentence), with ``row_memory[i]``
-  the memory row of hypothesis i. While the hypotheses come in equal consecutive groups, one
-  group per memory row (``group`` of them: the beam), the decoder attends a sentence's whole
-  group to its keys as one block (:meth:`tinytf.transformer.MultiHeadAttention.forward`),
-  and these arrays are gathered only when sentences leave the batch. Any other selection (the
-  search never makes one) falls back to one memory row per hypothesis.
+  the memory row of hypothesis i. While each memory row's hypotheses are one consecutive run
+  (a sentence's beam), the decoder attends a sentence's whole run to its keys as one block
+  (:meth:`tinytf.transformer.MultiHeadAttention.forward`), and these arrays are gathered only
+  when sentences leave the batch. Runs may differ in length (a beam whose hypotheses ended
+  keeps only its live ones): the attention then lays them out in ``group`` places per memory
+  row, the longest run, the empty places showing a copy of a row of the same sentence
+  (``padding``). Any other selection (the search never makes one) falls back to one memory
+  row per hypothesis.
 
 The old state must not be used after ``select``: the buffers are shared and updated in place.
 """
@@ -85,8 +88,11 @@ class DecoderState:
 
     ``src_mask`` (M, 1, 1, S) and ``cross_kv`` (per layer: keys and values, each
     (M, h, S, d_k)) hold one row per memory row; ``row_memory`` (N,) maps hypotheses to
-    memory rows, in ``group``-sized consecutive blocks; ``caches`` holds each layer's
-    :class:`SelfAttentionCache`; ``length`` counts the positions decoded.
+    memory rows, in consecutive runs of at most ``group``; ``padding`` is None when every run
+    has ``group`` hypotheses, else the pair ``(fill, slots)`` that lays the runs out in
+    ``group`` places each: ``slots`` (N,) the place of every hypothesis, ``fill`` (M*group,)
+    the hypothesis each place shows (an empty place: the first of its run). ``caches`` holds
+    each layer's :class:`SelfAttentionCache`; ``length`` counts the positions decoded.
     """
 
     def __init__(self, src_mask, cross_kv: list, caches: list, length: int = 0):
@@ -96,6 +102,7 @@ class DecoderState:
         self.length = length
         self.row_memory = np.arange(len(src_mask))
         self.group = 1
+        self.padding = None
 
     def select(self, indices) -> "DecoderState":
         """Keep hypotheses ``indices`` (in that order; repeats allowed); returns this state,
@@ -107,18 +114,24 @@ class DecoderState:
         return self
 
     def _select_memory(self, memory_of_row) -> None:
-        """Memory rows for hypotheses with memory rows ``memory_of_row``: grouped when they
-        come in equal consecutive runs of distinct memory rows, else one per hypothesis."""
+        """Memory rows for hypotheses with memory rows ``memory_of_row``: one per consecutive
+        run when no memory row has two runs, else one per hypothesis."""
         n = len(memory_of_row)
-        starts = np.flatnonzero(np.r_[True, memory_of_row[1:] != memory_of_row[:-1]])
-        group = n // len(starts) if len(starts) else 1
+        starts = np.flatnonzero(np.r_[True, memory_of_row[1:] != memory_of_row[:-1]])[:n]
         kept = memory_of_row[starts]
-        if not (len(starts) and len(starts) * group == n and
-                (np.diff(np.r_[starts, n]) == group).all() and len(np.unique(kept)) == len(kept)):
-            group, kept = 1, memory_of_row      # not grouped: one memory row per hypothesis
+        if len(np.unique(kept)) != len(kept):   # not in runs: one memory row per hypothesis
+            starts, kept = np.arange(n), memory_of_row
+        runs = np.diff(np.r_[starts, n])
         if not _is_identity(kept, len(self.src_mask)):
             idx = backend.to_device(kept, backend.device_of(self.src_mask))
             self.src_mask = self.src_mask[idx]
             self.cross_kv = [(k[idx], v[idx]) for k, v in self.cross_kv]
-        self.row_memory = np.repeat(np.arange(len(kept)), group)
-        self.group = group
+        self.row_memory = np.repeat(np.arange(len(kept)), runs)
+        self.group = int(runs.max(initial=1))
+        self.padding = None
+        if (runs != self.group).any():
+            slots = self.row_memory * self.group + np.arange(n) - np.repeat(starts, runs)
+            fill = np.repeat(starts, self.group)
+            fill[slots] = np.arange(n)
+            device = backend.device_of(self.src_mask)
+            self.padding = (backend.to_device(fill, device), backend.to_device(slots, device))

@@ -18,7 +18,8 @@ The beam (see docs/decoding.md):
 * At step t every live hypothesis is extended by every token; the ``beam_size`` best extensions
   of the sentence, by summed log-probability (ties: lower candidate index first), form the next
   beam. Extensions that end in ``</s>`` leave the beam as *finished* hypotheses and the others
-  stay *live*; a beam can therefore hold fewer than ``beam_size`` live hypotheses for one step.
+  stay *live*; a beam can therefore hold fewer than ``beam_size`` live hypotheses for one step,
+  and only the live ones stay in the state (the next step computes no row for the others).
   With ``beam_size=1`` this is exactly greedy decoding.
 * Finished hypotheses are ranked by ``log P(Y|X) / lp(Y)`` with the GNMT length penalty
   ``lp(Y) = ((5 + |Y|) / 6) ** alpha`` (Wu et al. 2016), where ``|Y|`` counts the generated
@@ -183,17 +184,20 @@ def beam_search(
     # Step 0 extends one hypothesis per sentence, the empty prefix, so the state keeps its
     # one row per sentence for it; the top-k of that step then fills the beam's k rows.
     width = 1  # rows per sentence: 1 at step 0, k after it
-    tokens = np.full(batch_size, bos_id, dtype=np.int64)  # last token of every row
+    # The search's rows: `width` per active sentence, live or not. The state holds only
+    # the live ones, rows `live_at` of them (None: all).
     history = np.zeros((batch_size, 0), dtype=np.int64)  # generated tokens of every row
     scores = np.zeros((batch_size, 1), dtype=np.float32)  # log-probability of every row
+    tokens = np.full(batch_size, bos_id, dtype=np.int64)  # last token of every live row
+    live_at = None
 
     for step in range(int(max_lens.max(initial=0)) + 1):
         if len(active) == 0:
             break
-        log_probs = step_fn(tokens, state)  # (n * width, V)
+        log_probs = step_fn(tokens, state)  # (live rows, V)
         xp = get_array_module(log_probs)
         n, vocab = len(active), log_probs.shape[-1]
-        cand = xp.asarray(scores)[:, :, None] + log_probs.reshape(n, width, vocab)
+        cand = _extensions(scores, log_probs, live_at).reshape(n, width, vocab)
         _ban_and_force(cand, step, max_lens[active], eos_id, banned_ids)
         cand = cand.reshape(n, width * vocab)
         if width * vocab < k:  # fewer candidates than the beam (a toy vocabulary)
@@ -202,8 +206,8 @@ def beam_search(
         # The row each extension comes from (a padded column's, never alive, from the last)
         parent = np.arange(n)[:, None] * width + np.minimum(flat_idx // vocab, width - 1)
         alive = np.isfinite(vals)
-        # A dead extension (-inf: the sentence has fewer live candidates than the beam) is
-        # fed <s>, a token every step function takes; it never becomes a hypothesis.
+        # A dead extension (-inf: the sentence has fewer live candidates than the beam)
+        # never becomes a hypothesis; it leaves the state below with the ended ones.
         token = np.where(alive, flat_idx % vocab, bos_id)
         ended = alive & (token == eos_id)
 
@@ -233,12 +237,34 @@ def beam_search(
         active = active[keep]
         rows = parent[keep].reshape(-1)
         history = np.concatenate([history[rows], token[keep].reshape(-1, 1)], axis=1)
-        tokens = token[keep].reshape(-1)
         scores = scores[keep]
+        # Only live rows go on: a hypothesis that ended, or an empty slot, leaves the state.
+        live = np.isfinite(scores).reshape(-1)
+        tokens = token[keep].reshape(-1)[live]
+        if live_at is not None:   # the state's row of each of the search's rows
+            state_row = np.full(n * width, -1)
+            state_row[live_at] = np.arange(len(live_at))
+            rows = state_row[rows]
+        live_at = None if live.all() else np.flatnonzero(live)
         width = k
         if len(active):
-            state = state.select(rows)
+            state = state.select(rows[live])
     return [r.items for r in results]
+
+
+def _extensions(scores, log_probs, live_at):
+    """Summed log-probabilities of every extension: ``scores`` (n, width) of the search's
+    rows plus ``log_probs`` (live rows, V) of the rows ``live_at`` (None: all), -inf for
+    the others; (n * width, V), where the scores are."""
+    xp = get_array_module(log_probs)
+    if live_at is None:
+        return xp.asarray(scores).reshape(-1, 1) + log_probs
+    cand = xp.empty((scores.size, log_probs.shape[1]), log_probs.dtype)
+    dead = np.ones(scores.size, bool)
+    dead[live_at] = False
+    cand[xp.asarray(np.flatnonzero(dead))] = NEG_INF
+    cand[xp.asarray(live_at)] = xp.asarray(scores.reshape(-1)[live_at]).reshape(-1, 1) + log_probs
+    return cand
 
 
 def greedy_search(

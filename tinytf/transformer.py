@@ -283,14 +283,17 @@ class MultiHeadAttention(nn.Module):
         q = split_heads(self.q(x), self.n_heads)
         return self.q_norm(q) if self.qk_norm else q
 
-    def forward(self, x: Tensor, mask=None, memory_kv=None, cache=None) -> Tensor:
+    def forward(self, x: Tensor, mask=None, memory_kv=None, cache=None,
+                padding=None) -> Tensor:
         """x (B, T, d) -> (B, T, d).
 
         Self-attention when ``memory_kv`` is None, else attention to the given
         (keys, values) of the encoder output, one row per memory row: B queries' rows may
-        come in groups of B / M consecutive rows per memory row (a beam). ``cache``
-        (self-attention only) is a :class:`tinytf.decoder_state.SelfAttentionCache` with the
-        keys and values of earlier positions; the new positions' are written into it.
+        come in groups of B / M consecutive rows per memory row (a beam), or in shorter runs
+        laid out by ``padding`` (a beam that lost hypotheses; :class:`DecoderState`).
+        ``cache`` (self-attention only) is a
+        :class:`tinytf.decoder_state.SelfAttentionCache` with the keys and values of
+        earlier positions; the new positions' are written into it.
         """
         h = self.n_heads
         if memory_kv is None:
@@ -302,7 +305,10 @@ class MultiHeadAttention(nn.Module):
         else:
             q = self.cross_queries(x)                      # (B, h, T, d_k)
             k, v = memory_kv                               # (M, h, S, d_k)
-        if k.shape[0] != q.shape[0]:                       # B = M * g: grouped queries
+        if padding is not None:                            # runs of up to g rows
+            fill, slots = padding
+            y = self._grouped(q[fill], k, v, mask)[slots]
+        elif k.shape[0] != q.shape[0]:                     # B = M * g: grouped queries
             y = self._grouped(q, k, v, mask)
         else:
             y = F.attention(q, k, v, mask=mask, dropout=self.attention_dropout,
@@ -411,9 +417,11 @@ class DecoderLayer(nn.Module):
         self.sub2 = SublayerConnection(cfg.d_model, cfg.dropout, cfg.pre_norm, cfg.eps)
         self.sub3 = SublayerConnection(cfg.d_model, cfg.dropout, cfg.pre_norm, cfg.eps)
 
-    def forward(self, x: Tensor, memory_kv, src_mask, tgt_mask, cache=None) -> Tensor:
+    def forward(self, x: Tensor, memory_kv, src_mask, tgt_mask, cache=None,
+                padding=None) -> Tensor:
         x = self.sub1(x, lambda y: self.self_attn(y, tgt_mask, cache=cache))     # (B, T, d)
-        x = self.sub2(x, lambda y: self.cross_attn(y, src_mask, memory_kv=memory_kv))
+        x = self.sub2(x, lambda y: self.cross_attn(y, src_mask, memory_kv=memory_kv,
+                                                   padding=padding))
         return self.sub3(x, self.ffn)
 
 
@@ -443,10 +451,11 @@ class Decoder(nn.Module):
         if cfg.pre_norm:
             self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.eps)
 
-    def forward(self, x: Tensor, memory_kvs, src_mask, tgt_mask, caches=None) -> Tensor:
+    def forward(self, x: Tensor, memory_kvs, src_mask, tgt_mask, caches=None,
+                padding=None) -> Tensor:
         for i, layer in enumerate(self.layers):
             x = layer(x, memory_kvs[i], src_mask, tgt_mask,
-                      cache=None if caches is None else caches[i])
+                      cache=None if caches is None else caches[i], padding=padding)
         return self.norm(x) if self.pre_norm else x          # (B, T, d)
 
 
@@ -535,7 +544,8 @@ class Transformer(nn.Module):
             x = self.pos(self.embed(tokens[:, None]), start=state.length)   # (B, 1, d)
             memory_kvs = [(Tensor(k), Tensor(v)) for k, v in state.cross_kv]
             # The new position may attend to every cached one: no causal mask needed.
-            x = self.decoder(x, memory_kvs, state.src_mask, None, caches=state.caches)
+            x = self.decoder(x, memory_kvs, state.src_mask, None, caches=state.caches,
+                             padding=state.padding)
             logits = F.linear(x[:, 0], self.generator)           # (B, V)
             logp = F.log_softmax(logits, axis=-1)
         state.length += 1
