@@ -418,7 +418,20 @@ def test_resume_auto_starts_then_continues(data_dir, tmp_path):
     stdout, stderr = again.communicate(timeout=300)
     assert again.returncode == 0, stderr
     assert "resuming at step 3" in stderr
-    assert json.loads(stdout.strip().splitlines()[-1])["steps"] == 5
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 5 and "dev_loss" in summary
+    with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
+        assert json.load(f) == summary
+    # A requeue of the finished run: nothing to do, the same summary, nothing rewritten.
+    log_size = os.path.getsize(os.path.join(out, "log.jsonl"))
+    last_written = os.stat(os.path.join(out, "checkpoint_5.npz")).st_mtime_ns
+    done = _train_cli(*args, "--max-steps", "5")
+    stdout, stderr = done.communicate(timeout=300)
+    assert done.returncode == 0, stderr
+    assert "already finished at step 5; nothing to do" in stderr and "valid step" not in stderr
+    assert json.loads(stdout.strip().splitlines()[-1]) == summary
+    assert os.path.getsize(os.path.join(out, "log.jsonl")) == log_size
+    assert os.stat(os.path.join(out, "checkpoint_5.npz")).st_mtime_ns == last_written
 
 
 def test_a_second_training_on_one_run_directory_is_refused(data_dir, tmp_path):

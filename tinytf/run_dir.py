@@ -272,6 +272,30 @@ def checkpoint_to_resume(run_dir: str, log):
     return ckpt
 
 
+SUMMARY_FILE = "summary.json"
+
+
+def write_summary(run_dir: str, summary: dict) -> str:
+    """RUNDIR/summary.json: the summary of a run that finished (its final validation and
+    test done; what train.py prints last), written atomically. Returns its path."""
+    path = os.path.join(run_dir, SUMMARY_FILE)
+    checkpoint.atomic_write(path, lambda f: f.write(
+        (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode("utf-8")))
+    return path
+
+
+def finished_summary(run_dir: str, step: int) -> dict | None:
+    """The summary in RUNDIR/summary.json if the run finished at update ``step``, else None
+    (no such file, one of another step, or one that does not read)."""
+    try:
+        with open(os.path.join(run_dir, SUMMARY_FILE), encoding="utf-8") as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return None
+    finished = isinstance(summary, dict) and summary.get("steps") == step
+    return summary if finished and summary.get("stopped") != "signal" else None
+
+
 def init_checkpoint(cfg, comm, log):
     """``--init-from``: the checkpoint a new run starts from (fine-tuning). Its BPE model
     is copied into the run directory when that has none yet (rank 0; the others wait)."""

@@ -51,9 +51,9 @@ from .data import BatchIterator, ParallelCorpus, read_parallel
 from .evaluate import test_scores, validate
 from .optim import clip_grad_norm_array, grad_norm_array
 from .plot import write_training_plot
-from .run_dir import (changed_on_resume, checkpoint_to_resume, claim_run_dir, data_paths,
-                      init_checkpoint, load_init_weights, prepared_corpus,
-                      resumed_model_config, run_bpe)
+from .run_dir import (SUMMARY_FILE, changed_on_resume, checkpoint_to_resume, claim_run_dir,
+                      data_paths, finished_summary, init_checkpoint, load_init_weights,
+                      prepared_corpus, resumed_model_config, run_bpe, write_summary)
 from .stop_signals import StopRequested, StopSignals
 # (TrainConfig and apply_overrides are also re-exported: callers import them from here.)
 from .train_config import (BPE_FILE, TrainConfig, TrainError, apply_overrides,  # noqa: F401
@@ -625,10 +625,19 @@ class Trainer:
     def _summary(self, stop, progress, saved_step) -> dict:
         """The run's summary; on rank 0 after the final validation, checkpoint and test
         (after a signal, only the checkpoint that :meth:`_stop_checkpoint` wrote; a signal
-        during them ends them as :meth:`_finish` says)."""
+        during them ends them as :meth:`_finish` says), then kept in RUNDIR/summary.json.
+        A resumed run that had already finished (no update left, the summary of this step
+        kept) does nothing more and returns the kept summary."""
         train_seconds = time.perf_counter() - progress.t_start
         self.log.info(f"stopped ({stop}) at step {self.step} after "
                       f"{format_seconds(train_seconds)}")
+        finished = self._finished_before(stop, progress)
+        if finished is not None:
+            self.log.info(f"the run had already finished at step {self.step}; nothing to "
+                          f"do (its summary: {os.path.join(self.run_dir, SUMMARY_FILE)}; "
+                          "translate.py --model RUNDIR scores it again)")
+            self.close()
+            return finished
         tokens = progress.total_tokens
         summary = {"steps": self.step, "stopped": stop, "epoch": self.batches.epoch,
                    "train_seconds": round(train_seconds, 3),
@@ -645,9 +654,19 @@ class Trainer:
             summary["checkpoint"] = os.path.join(self.run_dir, f"checkpoint_{self.step}.npz")
         elif self.root:
             summary.update(self._finish(saved_step))
+            if summary["stopped"] != "signal":
+                write_summary(self.run_dir, summary)
         self.comm.barrier()
         self.close()
         return summary
+
+    def _finished_before(self, stop, progress) -> dict | None:
+        """The kept summary if this invocation resumed a run that had finished at this
+        step (and so made no update), else None; the same on every rank."""
+        if stop == "signal" or not self.cfg.resume or self.step != progress.start_step:
+            return None
+        return self.comm.broadcast_object(
+            finished_summary(self.run_dir, self.step) if self.root else None)
 
     def close(self) -> None:
         """Release the run directory (done by :meth:`train` at its end)."""
