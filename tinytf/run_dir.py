@@ -292,8 +292,7 @@ def finished_summary(run_dir: str, step: int) -> dict | None:
             summary = json.load(f)
     except (OSError, ValueError):
         return None
-    finished = isinstance(summary, dict) and summary.get("steps") == step
-    return summary if finished and summary.get("stopped") != "signal" else None
+    return summary if isinstance(summary, dict) and summary.get("steps") == step else None
 
 
 def init_checkpoint(cfg, comm, log):
