@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from tinytf import checkpoint, evaluate, pipelined, run_dir, trainer
+from tinytf import budget, checkpoint, evaluate, pipelined, run_dir, trainer
 from tinytf.train_log import count_of
 from tinytf.train_progress import Progress
 from tinytf.trainer import TrainConfig, TrainError, apply_overrides
@@ -679,20 +679,51 @@ def test_radam_trains_resumes_bitwise_and_older_checkpoints_keep_adam(
 
 
 def test_time_budget_progress_continues_from_a_resumed_fraction(data_dir, tmp_path):
-    """--max-minutes: the budget spent is this invocation's clock over its budget, continuing
-    from the fraction a resumed checkpoint had spent; the larger of step and time wins."""
+    """--max-minutes: the budget spent is the run's training time, earlier invocations'
+    included, over the run's budget; the larger of step and time wins."""
     run = trainer.Trainer(_config(data_dir, tmp_path / "r", max_minutes=1.0),
                           log_stream=open(os.devnull, "w"))
-    run._progress = Progress(start_step=0, budget=100.0, spent_at_start=0.5,
-                             t_start=time.perf_counter() - 50.0)
+    # 50 s spent before this invocation, 50 s left of 100; 25 s into it: 0.75.
+    run._progress = Progress(start_step=0, budget=50.0, spent_before=50.0,
+                             t_start=time.perf_counter() - 25.0)
     assert run.budget_progress(1) == pytest.approx(0.75, abs=1e-3)
+    assert run._progress.budget_seconds_spent() == pytest.approx(75.0, abs=0.1)
     run._progress.t_start -= 1000.0
     assert run.budget_progress(1) == 1.0        # never past the end
     run.cfg.max_steps = 10
     run._progress = None
     assert run.budget_progress(6) == pytest.approx(0.5)
     run.close()
-    assert Progress(start_step=0, budget=math.inf, spent_at_start=0.5).time_spent() == 0.0
+    assert Progress(start_step=0, budget=math.inf, spent_before=50.0).time_spent() == 0.0
+    # A checkpoint of older code kept only the fraction: that much of the budget.
+    cfg = _config(data_dir, tmp_path / "r", max_minutes=2.0)
+    assert budget.budget_seconds_spent({"budget_progress": 0.5}, cfg) == 60.0
+    assert budget.budget_seconds_spent({"budget_progress": 0.5, "budget_seconds_spent": 7.5},
+                                       cfg) == 7.5
+
+
+def test_a_resumed_time_budget_is_what_the_run_had_left(data_dir, tmp_path):
+    """--max-minutes counts the whole run, resumes included: a run resumed with its time
+    budget spent trains no more (a requeue of a finished job: its kept summary); with
+    budget left, the first log lines say how much."""
+    out = tmp_path / "t"
+    first = _run(_config(data_dir, out, max_steps=3))
+    last = out / checkpoint.LAST
+    ckpt = checkpoint.load(last)
+    assert 0 < ckpt.meta["budget_seconds_spent"] < 60
+    checkpoint.save(last, ckpt.model, optim_state=ckpt.optim,
+                    meta=dict(ckpt.meta, budget_seconds_spent=60.0))
+    again = _run(_config(data_dir, out, max_steps=6, max_minutes=1.0, resume=True))
+    assert again == first and again["steps"] == 3
+    log = (out / "train.log").read_text(encoding="utf-8")
+    assert "stop after 6 steps or 1 minute in all (0s of them left)" in log
+    assert "already finished at step 3" in log
+    checkpoint.save(last, ckpt.model, optim_state=ckpt.optim,
+                    meta=dict(ckpt.meta, budget_seconds_spent=30.0))
+    more = _run(_config(data_dir, out, max_steps=6, max_minutes=1.0, resume=True))
+    assert more["steps"] == 6 and more["stopped"] == "max_steps"
+    log = (out / "train.log").read_text(encoding="utf-8")
+    assert "1 minute in all (30s of them left)" in log
 
 
 def test_warns_when_the_time_budget_allows_few_updates():
@@ -903,6 +934,12 @@ def test_a_job_requeued_with_its_first_command_keeps_its_fitted_batch(data_dir, 
     assert code == 0, err
     first = json.loads(out.strip().splitlines()[-1])
     assert first["max_tokens"] == 1024 and "fitted to the budget" in err
+    # As if the job had been preempted before it spent its budget (its checkpoint's time
+    # spent set back to none; a finished one is not trained again).
+    last = tmp_path / "r" / checkpoint.LAST
+    ckpt = checkpoint.load(last)
+    checkpoint.save(last, ckpt.model, optim_state=ckpt.optim,
+                    meta=dict(ckpt.meta, budget_seconds_spent=0.0))
     code, out, err = _train_tiny(capsys, data_dir, tmp_path / "r", *args)
     assert code == 0, err
     again = json.loads(out.strip().splitlines()[-1])

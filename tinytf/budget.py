@@ -118,6 +118,15 @@ def upfront_epochs(cfg, per_update: float | None, batches_per_epoch: int) -> flo
                          cfg.max_epochs)
 
 
+def budget_seconds_spent(meta: dict, cfg) -> float:
+    """Seconds of the run's time budget that a checkpoint's run had spent (``meta``: its
+    metadata), earlier resumes included; for a checkpoint that kept only the fraction
+    ``budget_progress``, that fraction of ``cfg.max_minutes`` (0 without a time budget)."""
+    if "budget_seconds_spent" in meta:
+        return float(meta["budget_seconds_spent"])
+    return float(meta.get("budget_progress", 0.0)) * (cfg.max_minutes or 0.0) * 60.0
+
+
 def defers_dropout(cfg) -> bool:
     """Whether the choice of :func:`dropout_for_budget` waits for the start of epoch
     ``long_dropout_from_epoch``, where the run's own pace over the epochs before it counts

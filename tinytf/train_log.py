@@ -124,11 +124,13 @@ def write_run_config(run_dir: str, cfg, ranks: int, device: str) -> str:
 
 def log_run_start(log: Logger, cfg, mc, data, step: int, *, parameters: int, ranks: int,
                   device: str, precision: str, dev_pairs: int, batches: int,
-                  schedule, optimizer, dropout_plan: str = "") -> None:
+                  schedule, optimizer, dropout_plan: str = "",
+                  budget_spent: float = 0.0) -> None:
     """The first lines of a run: the model (``mc``, its config), processes, device and
     precision; the training ``data`` (a ParallelCorpus) and batches; the schedule, the
-    ``optimizer`` (its ``describe()``) and the budget, and a warning when the peak is far
-    from the preset's; late dropout, or the ``dropout_plan`` line of a choice still to
+    ``optimizer`` (its ``describe()``) and the budget (what is left of a time budget of
+    which a resumed run had spent ``budget_spent`` seconds), and a warning when the peak is
+    far from the preset's; late dropout, or the ``dropout_plan`` line of a choice still to
     come."""
     graphs = ", CUDA graphs (one per padded batch shape)" if cfg.cuda_graph else ""
     norms = ("pre-LN" if mc.pre_norm else "post-LN") + (", QK-norm" if mc.qk_norm else "")
@@ -141,8 +143,12 @@ def log_run_start(log: Logger, cfg, mc, data, step: int, *, parameters: int, ran
              f"{cfg.train_max_len} tokens and {data.n_skipped_empty} with an empty side "
              f"skipped), {dev_pairs:,} dev pairs; {batches} batches of <= {cfg.max_tokens} "
              f"tokens per epoch, update_freq {cfg.update_freq}")
+    minutes = count_of(cfg.max_minutes, "minute") if cfg.max_minutes else ""
+    if minutes and budget_spent:
+        left = max(cfg.max_minutes * 60.0 - budget_spent, 0.0)
+        minutes += f" in all ({format_seconds(left)} of them left)"
     limits = [count_of(cfg.max_steps, "step") if cfg.max_steps else "",
-              count_of(cfg.max_minutes, "minute") if cfg.max_minutes else "",
+              minutes,
               count_of(cfg.max_epochs, "epoch") if cfg.max_epochs else ""]
     log.info(f"schedule: {schedule.describe()}; {optimizer.describe()}; stop after "
              f"{' or '.join(x for x in limits if x)}")

@@ -2,11 +2,12 @@
 spent, the running totals, and the window of updates that each log line reports.
 
 :class:`Progress` is the state of one :meth:`tinytf.trainer.Trainer.train` invocation.
-The time budget (``--max-minutes``) is this invocation's; a resumed run carries the
-fraction its checkpoint had spent (``spent_at_start``), so the budget-aware ``linear``
-schedule (:mod:`tinytf.schedule`) continues where it stopped. Validation pauses the
-clock for tokens/s (:meth:`Progress.pause`) but not for the budget: a time budget is
-wall-clock time, validations included.
+The time budget (``--max-minutes``) is the run's, resumes included (as ``--max-steps``):
+a resumed run has what its checkpoint had not spent (``spent_before``), so a preempted job
+requeued with its first command trains what was left, the budget-aware ``linear`` schedule
+(:mod:`tinytf.schedule`) continues where it stopped, and a run that had finished has
+nothing left. Validation pauses the clock for tokens/s (:meth:`Progress.pause`) but not
+for the budget: a time budget is wall-clock time, validations included.
 """
 from __future__ import annotations
 
@@ -29,13 +30,15 @@ def new_window() -> dict:
 class Progress:
     """The running loop's clock and totals, for the log line, the summary and the schedule.
 
-    ``budget``: seconds of training allowed to this invocation (``inf`` without
-    ``--max-minutes``); ``max_steps``: the run's update budget (0 without one).
+    ``budget``: seconds of training left to this invocation (``inf`` without
+    ``--max-minutes``): the run's budget less ``spent_before``, the seconds of it that
+    earlier invocations spent up to the checkpoint resumed; ``max_steps``: the run's update
+    budget (0 without one).
     """
     start_step: int
     budget: float
     max_steps: int = 0
-    spent_at_start: float = 0.0     # budget fraction spent before this invocation
+    spent_before: float = 0.0       # seconds of the time budget spent before this invocation
     t_start: float = dataclasses.field(default_factory=time.perf_counter)
     total_tokens: int = 0
     valid_seconds: float = 0.0      # time in validation and checkpoints
@@ -47,11 +50,15 @@ class Progress:
         return time.perf_counter() - self.t_start
 
     def time_spent(self) -> float:
-        """The fraction of the run's time budget spent: ``spent_at_start`` plus this
-        invocation's clock over its budget, scaled to what was left (0 without a budget)."""
+        """The fraction of the run's time budget spent, earlier invocations' included (0
+        without a budget)."""
         if not math.isfinite(self.budget):
             return 0.0
-        return self.spent_at_start + (1.0 - self.spent_at_start) * self.elapsed() / self.budget
+        return (self.spent_before + self.elapsed()) / max(self.spent_before + self.budget, 1e-9)
+
+    def budget_seconds_spent(self) -> float:
+        """Seconds of the run's time budget spent so far, earlier invocations' included."""
+        return self.spent_before + self.elapsed()
 
     def pause(self, seconds: float) -> None:
         """Count ``seconds`` of validation or saving: not training time for tokens/s."""

@@ -188,7 +188,7 @@ class Trainer:
         self.schedule = cfg.schedule()
         self._progress = None           # the running loop's clock (train())
         self._warmup_checked = False    # whether the warm-up's length was checked yet
-        self._progress_at_start = 0.0   # budget fraction spent before this invocation
+        self._spent_before = 0.0        # seconds of the time budget spent before this run
         if resume is not None:
             self._restore(resume)
             if self.dropout_decided_at and self.batches.epoch >= self.dropout_decided_at:
@@ -271,10 +271,7 @@ class Trainer:
             self.scaler.load_state_dict(ckpt.meta["loss_scaler"])
         if ckpt.meta.get("best_metric", "loss") == self.cfg.best_metric:
             self.since_best = int(ckpt.meta.get("validations_since_best", 0))
-        self._progress_at_start = float(ckpt.meta.get("budget_progress", 0.0))
-        if self.cfg.lr_schedule == "linear" and self._progress_at_start >= 1.0:
-            self.log.info("warning: the linear schedule of this run had already decayed to "
-                          "zero; resumed updates have learning rate 0")
+        self._spent_before = budget.budget_seconds_spent(ckpt.meta, self.cfg)
         warning = changed_on_resume(ckpt.meta.get("train_config", {}), self.cfg)
         if warning:
             self.log.info(warning)
@@ -287,7 +284,8 @@ class Trainer:
                       dev_pairs=len(self.dev_data), batches=self.batches.n_batches,
                       schedule=self.schedule, optimizer=self.optimizer,
                       dropout_plan=budget.pending_dropout_plan(
-                          self.cfg, self.model_cfg.dropout) if self.dropout_decided_at else "")
+                          self.cfg, self.model_cfg.dropout) if self.dropout_decided_at else "",
+                      budget_spent=self._spent_before)
 
     # ---- the loop (section 5) ----------------------------------------------------------
 
@@ -438,9 +436,8 @@ class Trainer:
 
     def budget_progress(self, step: int) -> float:
         """The fraction of the run's budget spent when update ``step`` starts, for the
-        linear schedule: (step - 1) / max_steps, or the time of this invocation's training
-        over --max-minutes (continuing from the fraction a resumed checkpoint had spent),
-        whichever is further on."""
+        linear schedule: (step - 1) / max_steps, or the run's training time (earlier
+        invocations' included) over --max-minutes, whichever is further on."""
         spent = [(step - 1) / self.cfg.max_steps] if self.cfg.max_steps else []
         if self._progress is not None:
             spent.append(self._progress.time_spent())
@@ -451,10 +448,10 @@ class Trainer:
     def _start_clock(self) -> Progress:
         """The first log lines, then this invocation's :class:`Progress` (its clock starts)."""
         self.describe()
-        budget = self.cfg.max_minutes * 60.0 if self.cfg.max_minutes else math.inf
-        self._progress = Progress(start_step=self.step, budget=budget,
+        seconds = self.cfg.max_minutes * 60.0 if self.cfg.max_minutes else math.inf
+        self._progress = Progress(start_step=self.step, budget=seconds - self._spent_before,
                                   max_steps=self.cfg.max_steps or 0,
-                                  spent_at_start=self._progress_at_start)
+                                  spent_before=self._spent_before)
         return self._progress
 
     def _stop_reason(self, progress) -> str | None:
@@ -591,6 +588,8 @@ class Trainer:
             "best_metric": self.cfg.best_metric,
             "validations_since_best": self.since_best,
             "budget_progress": self.budget_progress(self.step + 1),
+            "budget_seconds_spent": (self._progress.budget_seconds_spent()
+                                     if self._progress else self._spent_before),
             "metrics": {k: v for k, v in (metrics or {}).items() if k != "samples"},
             "world_size": self.comm.size,
         }
