@@ -188,7 +188,7 @@ class Trainer:
         self.schedule = cfg.schedule()
         self._progress = None           # the running loop's clock (train())
         self._warmup_checked = False    # whether the warm-up's length was checked yet
-        self._spent_before = 0.0        # seconds of the time budget spent before this run
+        self._spent_before = 0.0        # seconds of the time budget spent before this invocation
         if resume is not None:
             self._restore(resume)
             if self.dropout_decided_at and self.batches.epoch >= self.dropout_decided_at:
