@@ -722,6 +722,7 @@ def test_a_resumed_time_budget_is_what_the_run_had_left(data_dir, tmp_path):
                     meta=dict(ckpt.meta, budget_seconds_spent=30.0))
     more = _run(_config(data_dir, out, max_steps=6, max_minutes=1.0, resume=True))
     assert more["steps"] == 6 and more["stopped"] == "max_steps"
+    assert more["run_train_seconds"] == pytest.approx(30.0 + more["train_seconds"], abs=0.01)
     log = (out / "train.log").read_text(encoding="utf-8")
     assert "1 minute in all (30s of them left)" in log
 

@@ -640,6 +640,7 @@ class Trainer:
         tokens = progress.total_tokens
         summary = {"steps": self.step, "stopped": stop, "epoch": self.batches.epoch,
                    "train_seconds": round(train_seconds, 3),
+                   "run_train_seconds": round(self._spent_before + train_seconds, 3),
                    "valid_seconds": round(progress.valid_seconds, 3), "target_tokens": tokens,
                    "target_tokens_per_s": round(
                        tokens / max(train_seconds - progress.valid_seconds, 1e-9), 1),
