@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, metavar="N",
                    help="stop after N updates (counting the whole run)")
     p.add_argument("--max-minutes", type=float, metavar="M",
-                   help="stop after M minutes of this invocation")
+                   help="stop after M minutes of training (counting the whole run)")
     p.add_argument("--max-epochs", type=int, metavar="E",
                    help="stop after E passes over the training data")
     p.add_argument("--patience", type=int, default=d.patience, metavar="N",
