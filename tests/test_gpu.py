@@ -171,6 +171,27 @@ def test_beam_search_runs_on_the_gpu_like_on_the_cpu():
         assert tok_g == tok_c
 
 
+def test_unequal_beams_decode_on_the_gpu_like_on_the_cpu():
+    """Sentences with runs of unequal length (beams that lost hypotheses): the padded
+    encoder-decoder attention, its index arrays on the device, gives the CPU's scores."""
+    tinytf.manual_seed(1)
+    model = Transformer(small_config()).eval()
+    src = batch(seed=3)[0]
+    n, k = len(src), 4
+    keep = np.concatenate([k * i + np.arange(i % k + 1) for i in range(n)])   # 1..4 rows
+
+    def ragged_steps(model, state):
+        state.select(np.repeat(np.arange(n), k))
+        out = [backend.to_numpy(model.decode_step(np.ones(n * k, np.int64), state))]
+        state.select(keep)
+        assert state.padding is not None and state.group == k
+        out.append(backend.to_numpy(model.decode_step(4 + keep % 7, state)))
+        return out
+    steps = decode_on_each_device(model, src, ragged_steps)
+    for a, b in zip(steps["gpu"], steps["cpu"]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
 def test_a_gpu_model_saves_and_loads_through_numpy():
     tinytf.manual_seed(0)
     gpu_model = Transformer(small_config()).to("gpu")
