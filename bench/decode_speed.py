@@ -124,6 +124,23 @@ def decode_torch(decoder, translator, sources, options):
     return torch_beam_search(decoder, src, max_lens, options.beam_size, options.alpha)
 
 
+def count_rows(translator, torch_decoder=None) -> dict:
+    """From now on, count the rows (hypotheses) that each decoder's step computes: tinytf's
+    leaves out hypotheses that ended, the PyTorch reference keeps a sentence's whole beam.
+    Returns the dict of counts, updated as the steps run (one addition per step)."""
+    rows = {"tinytf": 0}
+    steps = {"tinytf": (translator.model, "decode_step")}
+    if torch_decoder is not None:
+        rows["torch"] = 0
+        steps["torch"] = (torch_decoder, "step")
+    for name, (owner, method) in steps.items():
+        def counted(tokens, state, name=name, step=getattr(owner, method)):
+            rows[name] += len(tokens)
+            return step(tokens, state)
+        setattr(owner, method, counted)
+    return rows
+
+
 def race(contestants, sources, batches):
     """Run every contestant on every batch, alternating per batch so that both see the same
     machine load; returns {name: (outputs in input order, wall seconds, CPU seconds)}."""
@@ -184,6 +201,7 @@ def main(args):
           f"{args.threads} threads, freed memory kept: {tinytf.fast.memory.kept()}", flush=True)
 
     contestants = {"tinytf": lambda b: decode_tinytf(translator, b, options)}
+    decoder = None
     if not args.no_torch:
         import torch
 
@@ -197,7 +215,9 @@ def main(args):
         contestants["torch"] = lambda b: decode_torch(decoder, translator, b, options)
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
     race(contestants, sources[:8], [np.arange(8)])  # warm-up
+    rows = count_rows(translator, decoder)
     res = race(contestants, sources, batches)
+    print("rows the decoder computed: " + ", ".join(f"{name} {n:,}" for name, n in rows.items()))
     ours, t_ours, c_ours = res["tinytf"]
     print(f"tinytf, cache: {len(sources) / t_ours:7.2f} sentences/s ({t_ours:.1f} s wall, "
           f"{c_ours:.1f} s CPU; mean output {np.mean([len(t) for t in ours]):.1f} tokens)")
