@@ -185,11 +185,11 @@ def beam_search(
     # one row per sentence for it; the top-k of that step then fills the beam's k rows.
     width = 1  # rows per sentence: 1 at step 0, k after it
     # The search's rows: `width` per active sentence, live or not. The state holds only
-    # the live ones, rows `live_at` of them (None: all).
+    # the live ones, the rows where `live` is True (None: all).
     history = np.zeros((batch_size, 0), dtype=np.int64)  # generated tokens of every row
     scores = np.zeros((batch_size, 1), dtype=np.float32)  # log-probability of every row
     tokens = np.full(batch_size, bos_id, dtype=np.int64)  # last token of every live row
-    live_at = None
+    live = None
 
     for step in range(int(max_lens.max(initial=0)) + 1):
         if len(active) == 0:
@@ -197,7 +197,7 @@ def beam_search(
         log_probs = step_fn(tokens, state)  # (live rows, V)
         xp = get_array_module(log_probs)
         n, vocab = len(active), log_probs.shape[-1]
-        cand = _extensions(scores, log_probs, live_at).reshape(n, width, vocab)
+        cand = _extensions(scores, log_probs, live).reshape(n, width, vocab)
         _ban_and_force(cand, step, max_lens[active], eos_id, banned_ids)
         cand = cand.reshape(n, width * vocab)
         if width * vocab < k:  # fewer candidates than the beam (a toy vocabulary)
@@ -208,7 +208,7 @@ def beam_search(
         alive = np.isfinite(vals)
         # A dead extension (-inf: the sentence has fewer live candidates than the beam)
         # never becomes a hypothesis; it leaves the state below with the ended ones.
-        token = np.where(alive, flat_idx % vocab, bos_id)
+        token = flat_idx % vocab
         ended = alive & (token == eos_id)
 
         for i, j in zip(*np.nonzero(ended)):
@@ -238,32 +238,31 @@ def beam_search(
         rows = parent[keep].reshape(-1)
         history = np.concatenate([history[rows], token[keep].reshape(-1, 1)], axis=1)
         scores = scores[keep]
+        if live is not None:   # the state's row of each of the search's rows
+            state_row = np.full(n * width, -1)
+            state_row[live] = np.arange(np.count_nonzero(live))
+            rows = state_row[rows]
         # Only live rows go on: a hypothesis that ended, or an empty slot, leaves the state.
         live = np.isfinite(scores).reshape(-1)
         tokens = token[keep].reshape(-1)[live]
-        if live_at is not None:   # the state's row of each of the search's rows
-            state_row = np.full(n * width, -1)
-            state_row[live_at] = np.arange(len(live_at))
-            rows = state_row[rows]
-        live_at = None if live.all() else np.flatnonzero(live)
-        width = k
         if len(active):
             state = state.select(rows[live])
+        if live.all():
+            live = None
+        width = k
     return [r.items for r in results]
 
 
-def _extensions(scores, log_probs, live_at):
+def _extensions(scores, log_probs, live):
     """Summed log-probabilities of every extension: ``scores`` (n, width) of the search's
-    rows plus ``log_probs`` (live rows, V) of the rows ``live_at`` (None: all), -inf for
-    the others; (n * width, V), where the scores are."""
+    rows plus ``log_probs`` (live rows, V) of the rows where ``live`` (NumPy bools; None:
+    all), -inf for the others; (n * width, V), where the scores are."""
     xp = get_array_module(log_probs)
-    if live_at is None:
+    if live is None:
         return xp.asarray(scores).reshape(-1, 1) + log_probs
     cand = xp.empty((scores.size, log_probs.shape[1]), log_probs.dtype)
-    dead = np.ones(scores.size, bool)
-    dead[live_at] = False
-    cand[xp.asarray(np.flatnonzero(dead))] = NEG_INF
-    cand[xp.asarray(live_at)] = xp.asarray(scores.reshape(-1)[live_at]).reshape(-1, 1) + log_probs
+    cand[xp.asarray(~live)] = NEG_INF
+    cand[xp.asarray(live)] = xp.asarray(scores.reshape(-1)[live]).reshape(-1, 1) + log_probs
     return cand
 
 
