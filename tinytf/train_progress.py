@@ -54,7 +54,7 @@ class Progress:
         without a budget)."""
         if not math.isfinite(self.budget):
             return 0.0
-        return (self.spent_before + self.elapsed()) / max(self.spent_before + self.budget, 1e-9)
+        return self.budget_seconds_spent() / max(self.spent_before + self.budget, 1e-9)
 
     def budget_seconds_spent(self) -> float:
         """Seconds of the run's time budget spent so far, earlier invocations' included."""
