@@ -153,6 +153,8 @@ def test_bf16_and_the_cuda_graph_fallback_on_the_gpu_path(data_dir, tmp_path):
     summary = _summary(stdout)
     assert summary["steps"] == 2 and summary["precision"] == "bf16"
     assert summary["cuda_graphs"] == 0 and np.isfinite(summary["dev_loss"])
+    with open(tmp_path / "bf16" / "summary.json", encoding="utf-8") as f:
+        assert json.load(f)["cuda_graphs"] == 0          # the kept summary has it too
     # (The stand-in fails at the first thing capture needs that it lacks: libcublas.)
     assert "--cuda-graph: capturing or replaying the step failed (" in stderr
     assert "training continues without CUDA graphs" in stderr

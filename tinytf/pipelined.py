@@ -71,11 +71,12 @@ class PipelinedTrainer(Trainer):
         return bool(self.cfg.max_steps and step >= self.cfg.max_steps) or \
             self._on_interval(step)
 
-    def _summary(self, stop, progress, saved_step) -> dict:
-        summary = super()._summary(stop, progress, saved_step)
-        if self.cfg.cuda_graph:   # graphs captured (0 if capturing failed at once)
-            summary["cuda_graphs"] = self.graphs.captures if self.graphs else 0
-        return summary
+    def _summary_extras(self) -> dict:
+        """``cuda_graphs``: the graphs captured (0 if capturing failed at once), with
+        ``--cuda-graph``."""
+        if not self.cfg.cuda_graph:
+            return {}
+        return {"cuda_graphs": self.graphs.captures if self.graphs else 0}
 
     # ---- CUDA graphs -------------------------------------------------------------------
 

@@ -648,7 +648,8 @@ class Trainer:
                    "dropout": self.model_cfg.dropout,
                    "dropout_from_epoch": self.cfg.dropout_from_epoch, "ranks": self.comm.size,
                    "precision": self.policy.name,
-                   "parameters": self.model.num_parameters(), "run_dir": self.run_dir}
+                   "parameters": self.model.num_parameters(), "run_dir": self.run_dir,
+                   **self._summary_extras()}
         if stop == "signal":
             summary["signal"] = self.signals.number
             summary["checkpoint"] = os.path.join(self.run_dir, f"checkpoint_{self.step}.npz")
@@ -659,6 +660,10 @@ class Trainer:
         self.comm.barrier()
         self.close()
         return summary
+
+    def _summary_extras(self) -> dict:
+        """Keys that a subclass adds to the summary (kept in summary.json with the rest)."""
+        return {}
 
     def _finished_before(self, stop, progress) -> dict | None:
         """The kept summary if this invocation resumed a run that had finished at this
