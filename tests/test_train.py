@@ -737,6 +737,10 @@ def test_warns_when_the_time_budget_allows_few_updates():
     assert "warning: at 0.50 s per update the 1-minute budget" in warning
     assert "ends after about 120 updates" in warning
     assert progress.pace_warning(20) is None                  # once
+    resumed = Progress(start_step=100, budget=20.0, spent_before=40.0,   # a resumed run:
+                       t_start=time.perf_counter() - 10.0)  # its whole budget and updates
+    warning = resumed.pace_warning(120)
+    assert "the 1-minute budget ends after about 140 updates" in warning
     for max_steps, per_update in [(0, 0.01), (100, 0.5)]:
         progress = Progress(start_step=0, budget=60.0, max_steps=max_steps,
                             t_start=time.perf_counter() - 20 * per_update)

@@ -114,6 +114,7 @@ class Progress:
         expected = self.expected_updates(step)
         if expected == self.max_steps or expected >= FEW_UPDATES:
             return None         # enough updates, or the user's own step budget ends first
-        return (f"warning: at {per_step:.2f} s per update the {self.budget / 60:g}-minute "
+        minutes = (self.spent_before + self.budget) / 60      # the run's, as `expected` is
+        return (f"warning: at {per_step:.2f} s per update the {round(minutes, 2):g}-minute "
                 f"budget ends after about {expected} updates; with so few, a smaller "
                 f"--max-tokens (more, smaller updates) or a longer --max-minutes learns more")
