@@ -727,6 +727,39 @@ def test_a_resumed_time_budget_is_what_the_run_had_left(data_dir, tmp_path):
     assert "1 minute in all (30s of them left)" in log
 
 
+def test_a_budget_given_on_resume_replaces_the_run_s_budget(data_dir, tmp_path):
+    """--resume --max-steps N after a time-budgeted run whose minutes are spent (the main
+    job's 10) trains on to update N, the stored time budget replaced, not kept beside it;
+    --max-minutes likewise replaces a stored step budget; a budget not given is kept. Under
+    the linear schedule the new budget gets a warning (the learning rate follows it)."""
+    from tinytf.run_dir import resume_warnings, resumed_config
+    out = tmp_path / "t"
+    _run(_config(data_dir, out, max_steps=3))
+    last = out / checkpoint.LAST
+    ckpt = checkpoint.load(last)
+    timed = dict(ckpt.meta["train_config"], max_steps=None, max_minutes=1.0)
+    checkpoint.save(last, ckpt.model, optim_state=ckpt.optim,
+                    meta=dict(ckpt.meta, train_config=timed, budget_seconds_spent=60.0))
+    kept = resumed_config(TrainConfig(data=data_dir, out=str(out), resume=True),
+                          given=set()).resolved()
+    assert (kept.max_steps, kept.max_minutes) == (None, 1.0)
+    more = resumed_config(TrainConfig(data=data_dir, out=str(out), resume=True, max_steps=5),
+                          given={"max_steps"}).resolved()
+    assert (more.max_steps, more.max_minutes) == (5, None)
+    summary = _run(more)
+    assert summary["steps"] == 5 and summary["stopped"] == "max_steps"
+    minutes = resumed_config(TrainConfig(data=data_dir, out=str(out), resume=True,
+                                         max_minutes=2.0), given={"max_minutes"}).resolved()
+    assert (minutes.max_steps, minutes.max_minutes) == (None, 2.0)
+
+    linear = dataclasses.replace(more, lr_schedule="linear")
+    warnings = resume_warnings(dict(timed, lr_schedule="linear"), linear)
+    assert len(warnings) == 1 and "max_steps (None -> 5), max_minutes (1.0 -> None)" in \
+        warnings[0] and "linear schedule follows it" in warnings[0]
+    assert resume_warnings(dict(timed, lr_schedule="linear"), dataclasses.replace(
+        linear, max_steps=None, max_minutes=1.0)) == []
+
+
 def test_warns_when_the_time_budget_allows_few_updates():
     """After 20 updates, a --max-minutes budget that at this pace ends before 800 updates
     gets one warning; a budget of thousands, or the user's own shorter --max-steps, none."""

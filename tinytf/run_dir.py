@@ -127,17 +127,27 @@ RESUME_SENSITIVE = ("seed", "max_tokens", "update_freq", "lr_schedule", "lr", "w
 """Options that a resumed run may change, at the price of not matching a straight run."""
 
 
-def changed_on_resume(saved: dict, cfg) -> str | None:
-    """The warning for :data:`RESUME_SENSITIVE` options that differ from the checkpoint's."""
-    changed = [k for k in RESUME_SENSITIVE if k in saved and saved[k] != getattr(cfg, k)]
-    if not changed:
-        return None
-    return ("warning: resuming with changed " + ", ".join(
-        f"{k} ({saved[k]} -> {getattr(cfg, k)})" for k in changed) +
-        ": the run will not match an uninterrupted one")
+def resume_warnings(saved: dict, cfg) -> list[str]:
+    """The warnings for :data:`RESUME_SENSITIVE` options that differ from the checkpoint's
+    (``saved``), and for a new budget under the budget-aware ``linear`` schedule."""
+    def changes(keys):
+        return ", ".join(f"{k} ({saved[k]} -> {getattr(cfg, k)})" for k in keys
+                         if k in saved and saved[k] != getattr(cfg, k))
+    lines = []
+    if changes(RESUME_SENSITIVE):
+        lines.append(f"warning: resuming with changed {changes(RESUME_SENSITIVE)}: the run "
+                     "will not match an uninterrupted one")
+    if changes(BUDGET_KEYS) and cfg.lr_schedule == "linear":
+        lines.append(f"warning: resuming with another budget, {changes(BUDGET_KEYS)}: the "
+                     "linear schedule follows it from here (its learning rate is the one of "
+                     "the share of the new budget spent, and reaches zero at its end)")
+    return lines
 
 
 SCHEDULE_KEYS = ("lr_schedule", "lr", "lr_factor")
+
+BUDGET_KEYS = ("max_steps", "max_minutes")
+"""The run's budget: on resume, giving either replaces both (the one not given: none)."""
 
 
 def resumed_config(cfg, given, assignments=()):
@@ -147,7 +157,9 @@ def resumed_config(cfg, given, assignments=()):
 
     ``cfg.resume`` is "auto" or True: with "auto" and no checkpoint in the run directory
     the result starts a new run (``cfg`` itself, resume off). Giving one of the schedule's
-    options replaces all three of them, so the preset's defaults fill in the rest again.
+    options replaces all three of them, so the preset's defaults fill in the rest again;
+    giving ``--max-steps`` or ``--max-minutes`` replaces the run's budget whole, so that
+    ``--resume --max-steps 3000`` trains on to update 3,000 after a time-budgeted run.
     The ``--max-tokens`` that the run's batch was fitted from (``fitted_from``) keeps the
     fitted batch: a job requeued with its first command continues as it trained.
     """
@@ -163,8 +175,9 @@ def resumed_config(cfg, given, assignments=()):
     options = {k: v for k, v in saved.items() if k in fields}
     options.setdefault("dropout_from_epoch", 1)  # older runs had their dropout from the start
     options.setdefault("optimizer", "adam")      # ... and Adam without the rectifier
-    if any(k in given for k in SCHEDULE_KEYS):
-        options.update({k: getattr(cfg, k) for k in SCHEDULE_KEYS})
+    for keys in (SCHEDULE_KEYS, BUDGET_KEYS):
+        if any(k in given for k in keys):
+            options.update({k: getattr(cfg, k) for k in keys})
     if "save_interval" in given and "valid_interval" not in given:
         options["valid_interval"] = None
     if "max_tokens" in given and cfg.max_tokens == options.get("fitted_from"):

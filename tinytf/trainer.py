@@ -51,9 +51,9 @@ from .data import BatchIterator, ParallelCorpus, read_parallel
 from .evaluate import test_scores, validate
 from .optim import clip_grad_norm_array, grad_norm_array
 from .plot import write_training_plot
-from .run_dir import (SUMMARY_FILE, changed_on_resume, checkpoint_to_resume, claim_run_dir,
-                      data_paths, finished_summary, init_checkpoint, load_init_weights,
-                      prepared_corpus, resumed_model_config, run_bpe, write_summary)
+from .run_dir import (SUMMARY_FILE, checkpoint_to_resume, claim_run_dir, data_paths,
+                      finished_summary, init_checkpoint, load_init_weights, prepared_corpus,
+                      resume_warnings, resumed_model_config, run_bpe, write_summary)
 from .stop_signals import StopRequested, StopSignals
 # (TrainConfig and apply_overrides are also re-exported: callers import them from here.)
 from .train_config import (BPE_FILE, TrainConfig, TrainError, apply_overrides,  # noqa: F401
@@ -272,8 +272,7 @@ class Trainer:
         if ckpt.meta.get("best_metric", "loss") == self.cfg.best_metric:
             self.since_best = int(ckpt.meta.get("validations_since_best", 0))
         self._spent_before = budget.budget_seconds_spent(ckpt.meta, self.cfg)
-        warning = changed_on_resume(ckpt.meta.get("train_config", {}), self.cfg)
-        if warning:
+        for warning in resume_warnings(ckpt.meta.get("train_config", {}), self.cfg):
             self.log.info(warning)
 
     def describe(self) -> None:

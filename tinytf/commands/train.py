@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=d.seed, help=f"(default: {d.seed})")
     p.add_argument("--resume", nargs="?", const=True, choices=[True, "auto"], metavar="auto",
                    help="continue exactly from RUNDIR/checkpoint_last.npz, with the run's own "
-                        "options (options given here override them); '--resume auto': "
+                        "options (options given here override them; --max-steps or "
+                        "--max-minutes replaces the run's budget whole); '--resume auto': "
                         "continue if that checkpoint exists, else start a new run (one "
                         "command for the first job and every requeue)")
     p.add_argument("--init-from", metavar="RUNDIR|CHECKPOINT",
