@@ -165,6 +165,23 @@ def test_pack_by_length_equals_the_pair_by_pair_cut(sort, max_tokens, max_senten
         pack_by_length(np.array([3, 5, 49]), np.array([4, 2, 3]), 40)
 
 
+def test_a_pair_longer_than_a_batch_is_named_with_its_line():
+    """A corpus whose longest pair cannot fit max_tokens: the error names the corpus, the
+    pair's line in the files, its length and the settings that fix it."""
+    lines = [["c", "d"], ["", "dropped: an empty side"], ["a b", "a b c d e f g h i j"],
+             ["e f g h", "e"], ["x", "y"]]
+    corpus = ParallelCorpus([p[0] for p in lines], [p[1] for p in lines], WordTokenizer(),
+                            name="train.en / train.de")
+    longest = 11                            # line 3's target: 10 words and </s>
+    with pytest.raises(ValueError) as e:
+        BatchIterator(corpus, max_tokens=longest - 1)
+    message = str(e.value)
+    assert message.startswith(f"train.en / train.de: line 3: a pair of {longest} tokens")
+    assert f"raise max_tokens (--max-tokens) to {longest}" in message
+    assert f"--set train_max_len={longest - 1}" in message
+    assert len(BatchIterator(corpus, max_tokens=longest, shuffle=False)) >= 1
+
+
 def test_batches_are_grouped_by_length():
     corpus = random_corpus(n=500)
     it = BatchIterator(corpus, max_tokens=200, seed=0)

@@ -252,7 +252,7 @@ def pack_by_length(src_lengths, tgt_lengths, max_tokens, max_sentences=None) -> 
     if len(too_big):
         raise ValueError(
             f"a pair has {longest[too_big[0]]} tokens on one side but max_tokens is "
-            f"{max_tokens}: raise max_tokens or lower max_len")
+            f"{max_tokens}: raise max_tokens or skip longer pairs (train_max_len)")
     boundaries, start, n = [0], 0, len(longest)
     while start < n:
         size_cap = max_tokens // int(longest[start])
@@ -263,6 +263,22 @@ def pack_by_length(src_lengths, tgt_lengths, max_tokens, max_sentences=None) -> 
         start += int(np.count_nonzero(fits))
         boundaries.append(start)
     return np.asarray(boundaries, dtype=np.int64)
+
+
+def _check_pairs_fit(corpus, max_tokens: int) -> None:
+    """A ValueError naming the corpus's longest pair (file line) if some pair is longer than a
+    batch of ``max_tokens`` on one side, with the two settings that make every pair fit."""
+    longest = np.maximum(corpus.src_lengths, corpus.tgt_lengths)
+    too_long = np.flatnonzero(longest > max_tokens)
+    if not len(too_long):
+        return
+    i = too_long[np.argmax(longest[too_long])]
+    raise ValueError(
+        f"{corpus.name}: line {int(corpus.kept[i]) + 1}: a pair of {int(longest[i])} tokens on "
+        f"its longer side (with </s>) cannot fit a batch of max_tokens={max_tokens} "
+        f"(pairs that cannot: {len(too_long):,}): raise max_tokens (--max-tokens) to "
+        f"{int(longest[i])}, or skip the longer pairs with train_max_len={max_tokens} "
+        f"(--set train_max_len={max_tokens})")
 
 
 class BatchIterator:
@@ -300,6 +316,7 @@ class BatchIterator:
         self.drop_uneven = drop_uneven
         self.epoch = 1
         self.index = 0
+        _check_pairs_fit(corpus, max_tokens)
         order = self._length_order(np.arange(len(corpus)))
         self._boundaries = pack_by_length(corpus.src_lengths[order], corpus.tgt_lengths[order],
                                           max_tokens, max_sentences)
