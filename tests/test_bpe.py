@@ -640,4 +640,11 @@ def test_command_line(tmp_path, sample, monkeypatch, capsys):
                    good + b"\nno_such_piece\n")[0] == 1
     assert "<stdin>:2: " in capsys.readouterr().err
     assert run_cli(monkeypatch, ["encode", "--model", str(tmp_path / "none.json")])[0] == 1
-    assert "none.json" in capsys.readouterr().err
+    assert f"error: {tmp_path / 'none.json'}: No such file" in capsys.readouterr().err
+    # An --input that is no file is an error, not a line of text to learn from.
+    missing = tmp_path / "missing.txt"
+    for workers in ("1", "2"):
+        assert run_cli(monkeypatch, ["learn", "--input", str(corpus), str(missing), "--output",
+                                     str(tmp_path / "m.json"), "--workers", workers])[0] == 1
+        assert f"--input {missing}: no such file" in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()

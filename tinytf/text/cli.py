@@ -9,6 +9,8 @@ Decoding reads such lines; a line of integers is read as ids (force with --ids /
 Lines are split on "\\n" only, so a "\\r" in a line round-trips like any other character.
 """
 import argparse
+import os
+import pathlib
 import sys
 import time
 
@@ -42,8 +44,11 @@ def _batches(lines, size=10_000):
 def _learn(args):
     from tinytf.text.bpe import BPE
     start = time.perf_counter()
-    bpe = BPE.learn(args.input, vocab_size=args.vocab_size, min_frequency=args.min_frequency,
-                    workers=args.workers)
+    for path in args.input:   # (BPE.learn would take a list of names that are not files as text)
+        if not os.path.isfile(path):
+            raise ValueError(f"--input {path}: no such file")
+    bpe = BPE.learn([pathlib.Path(p) for p in args.input], vocab_size=args.vocab_size,
+                    min_frequency=args.min_frequency, workers=args.workers)
     bpe.save(args.output)
     print(f"learned {bpe.vocab_size} pieces ({len(bpe.alphabet)} alphabet symbols, "
           f"{len(bpe.merges)} merges) from {len(args.input)} file(s) in "
@@ -128,7 +133,11 @@ def main(argv=None):
         sys.stdout.reconfigure(encoding="utf-8", newline="\n")
     try:
         args.run(args)
-    except (OSError, ValueError) as e:
+    except OSError as e:
+        print(f"error: {e.filename}: {e.strerror}" if e.filename and e.strerror
+              else f"error: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
