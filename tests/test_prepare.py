@@ -204,10 +204,15 @@ def test_prepare_command_readies_a_run_directory(data_dir, tmp_path):
                            "--out", out, "--vocab-size", "300", "--workers", "2"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert prep.returncode == 0, prep.stderr
-    assert sorted(os.listdir(out)) == ["bpe.json", "corpus", "train.lock"]
+    assert sorted(os.listdir(out)) == ["bpe.json", "config.json", "corpus", "train.lock"]
+    other = _train("--data", data_dir, "--out", out, "--max-steps", "1", *TINY,
+                   "--vocab-size", "400")
+    assert other.returncode == 2 and "was learnt for --vocab-size 300, this run asks for " \
+        "400" in other.stderr, other.stderr
     run = _train("--data", data_dir, "--out", out, "--max-steps", "1", *TINY)
     assert run.returncode == 0, run.stderr
     assert "learning a joint BPE" not in run.stderr and "encoding" not in run.stderr
+    assert f"BPE: {os.path.join(out, 'bpe.json')} (300 pieces)" in run.stderr
     bad = subprocess.run([sys.executable, "-m", "tinytf.commands.prepare", "--data",
                           str(tmp_path / "none"), "--out", out], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)

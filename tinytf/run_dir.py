@@ -70,11 +70,15 @@ def run_bpe(cfg, comm, log, train_pair):
             log.info(f"wrote {path} ({len(model)} pieces, {time.perf_counter() - t0:.1f}s)")
         comm.barrier()
         learnt = True
-    return BPE.load(path), checkpoint.sha256_file(path), learnt
+    bpe = BPE.load(path)
+    if not learnt:
+        log.info(f"BPE: {path} ({len(bpe):,} pieces)")
+    return bpe, checkpoint.sha256_file(path), learnt
 
 
 def _earlier_vocab_size(run_dir: str):
-    """The --vocab-size of the run that last started in ``run_dir`` (its config.json)."""
+    """The --vocab-size of the run that last started in ``run_dir``, or that tinytf-prepare
+    prepared it for (its config.json)."""
     try:
         with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
             return json.load(f)["options"]["vocab_size"]

@@ -4,10 +4,12 @@
     python -m tinytf.commands.prepare ...   # the same
 
 Writes what ``train.py --out RUNDIR`` would write before its first update: ``RUNDIR/bpe.json``
-(learnt from both training sides when RUNDIR has none) and ``RUNDIR/corpus`` (the training
-pairs encoded once, :mod:`tinytf.corpus_file`; rebuilt when stale). A later ``train.py --out
-RUNDIR`` with the same --data, --vocab-size and ``train_max_len`` maps them and starts in
-seconds: prepare on a CPU node, train on a GPU node. Exit status 0, or 2 for a data or usage
+(learnt from both training sides when RUNDIR has none), ``RUNDIR/corpus`` (the training
+pairs encoded once, :mod:`tinytf.corpus_file`; rebuilt when stale) and, where no run has
+started yet, ``RUNDIR/config.json`` with these options. A later ``train.py --out RUNDIR``
+with the same --data, --vocab-size and ``train_max_len`` maps them and starts in seconds
+(another --vocab-size is refused, as for any BPE already in RUNDIR): prepare on a CPU node,
+train on a GPU node. Exit status 0, or 2 for a data or usage
 error (named file and line). See docs/data.md ("The prepared corpus").
 """
 import argparse
@@ -18,8 +20,9 @@ import time
 from tinytf import distributed
 from tinytf.bpe import BPEFileError
 from tinytf.data import DataError
-from tinytf.run_dir import RunLock, data_paths, prepared_corpus, run_bpe
+from tinytf.run_dir import RunLock, data_paths, has_checkpoint, prepared_corpus, run_bpe
 from tinytf.train_config import TrainConfig, TrainError, apply_overrides
+from tinytf.train_log import write_run_config
 
 
 class _Log:
@@ -66,6 +69,8 @@ def main(argv=None) -> int:
             comm = distributed.init()
             _, sha, _ = run_bpe(cfg, comm, _Log, paths["train"])
             corpus = prepared_corpus(cfg, comm, _Log, paths["train"], sha)
+            if not has_checkpoint(cfg.out):   # what a run that starts here is checked against
+                write_run_config(cfg.out, cfg, comm.size, "cpu")
             _Log.info(f"{cfg.out} is ready: {len(corpus):,} training pairs "
                       f"({time.perf_counter() - t0:.1f}s)")
         finally:
