@@ -253,6 +253,37 @@ def test_resume_refuses_a_different_setup():
         BatchIterator(corpus, 150, seed=6).load_state_dict(state)
 
 
+@pytest.mark.parametrize("saved_ranks,ranks", [(2, 1), (1, 2), (3, 2), (2, 4)])
+def test_resume_on_another_number_of_ranks_goes_on_from_the_global_position(saved_ranks, ranks):
+    """A state saved by ``saved_ranks`` ranks after k batches each (k * saved_ranks of the
+    epoch's order) resumed on ``ranks`` ranks: they take the epoch's next batches, from the
+    first whole round of ``ranks`` at or after that position, none twice and fewer than
+    ``ranks`` passed over; the next epoch is whole."""
+    corpus = random_corpus(n=600)
+    before = [BatchIterator(corpus, 100, seed=2, rank=r, world_size=saved_ranks)
+              for r in range(saved_ranks)]
+    k = 3
+    seen = []
+    for it in before:
+        for batch in it:
+            seen.append(batch.indices.tolist())
+            if it.index == k:
+                break
+    state = before[0].state_dict()
+    after = [BatchIterator(corpus, 100, seed=2, rank=r, world_size=ranks) for r in range(ranks)]
+    for it in after:
+        it.load_state_dict(state)
+    order = [b.tolist() for b in after[0].epoch_batches(1)]
+    assert sorted(seen) == sorted(order[:k * saved_ranks])
+    start = -(-k * saved_ranks // ranks) * ranks      # the first whole round of `ranks`
+    assert start - k * saved_ranks < ranks
+    rest = [b.indices.tolist() for it in after for b in it]
+    kept = len(order) - len(order) % ranks
+    assert sorted(rest) == sorted(order[start:kept])
+    assert not set(map(tuple, rest)) & set(map(tuple, seen))
+    assert all(it.epoch == 2 and it.index == 0 for it in after)
+
+
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_sharding_is_disjoint_covering_and_even(world_size):
     corpus = random_corpus()

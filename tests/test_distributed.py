@@ -321,6 +321,35 @@ def test_train_py_on_two_ranks_equals_one_process_with_twice_the_batches(train_r
 
 
 @requires_mpi
+def test_a_run_of_two_ranks_resumes_in_one_process(train_runs, tmp_path):
+    """Run A's checkpoint of step 3 (2 ranks) resumed in one process with --update-freq 2:
+    the same batches per update from where the two ranks had got to, so step 5 equals run
+    B's (one process, --update-freq 2 from the start); without it, a warning says so."""
+    def at_step_3(name):
+        run = tmp_path / name
+        shutil.copytree(train_runs["dir"] / "a", run)
+        for file in os.listdir(run):
+            if file.startswith("checkpoint_") and file != "checkpoint_3.npz" or \
+                    file == "summary.json":
+                os.unlink(run / file)
+        shutil.copy(run / "checkpoint_3.npz", run / checkpoint.LAST)
+        return run
+
+    data = train_runs["dir"] / "data"
+    run = at_step_3("same")
+    code, out, _ = run_train(run, data, "--max-steps", "5", "--resume", "--update-freq", "2")
+    assert code == 0, out[-3000:]
+    assert "resuming on 1 rank(s) a run that trained on 2" in out and \
+        "with the same 2 batches per update" in out and "resuming with changed" not in out
+    (a, a_adam), (b, b_adam) = (checkpoint_arrays(d / "checkpoint_5.npz")
+                                for d in (run, train_runs["dir"] / "b"))
+    assert max_diff(a, b) < 1e-5 and max_diff(a_adam, b_adam) < 1e-5
+    code, out, _ = run_train(at_step_3("fewer"), data, "--max-steps", "4", "--resume")
+    assert code == 0 and "an update now holds 1 batches of --max-tokens where it held 2 " \
+        "(--update-freq 2 keeps them)" in out, out[-3000:]
+
+
+@requires_mpi
 def test_train_py_error_on_every_rank_exits_non_zero(tmp_path):
     if not os.path.isfile(os.path.join(ROOT, "train.py")):
         pytest.skip("train.py is not there yet")

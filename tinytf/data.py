@@ -380,12 +380,20 @@ class BatchIterator:
                 "n_batches": self.n_batches, "world_size": self.world_size}
 
     def load_state_dict(self, state):
-        """Continue from ``state``; refuses a state from a different corpus, batch size, seed or
-        number of ranks, since the position would then point at other batches."""
-        for key in ("seed", "n_batches", "world_size"):
+        """Continue from ``state``; refuses a state from a different corpus, batch size or
+        seed, since the position would then point at other batches.
+
+        A state saved by another number of ranks continues the epoch where those ranks had
+        got to together: ``index * saved_world_size`` batches of the epoch's order, rounded
+        up to whole rounds of this many ranks (so up to ``world_size - 1`` batches of that
+        epoch are passed over, none is trained twice)."""
+        for key in ("seed", "n_batches"):
             if state[key] != getattr(self, key):
                 raise ValueError(
                     f"cannot resume the batch iterator: saved {key}={state[key]} but now "
-                    f"{key}={getattr(self, key)} (resuming needs the same data, --max-tokens, "
-                    "--seed and number of ranks)")
-        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+                    f"{key}={getattr(self, key)} (resuming needs the same data, --max-tokens "
+                    "and --seed)")
+        index, saved_ranks = int(state["index"]), int(state["world_size"])
+        if saved_ranks != self.world_size:
+            index = min(-(-index * saved_ranks // self.world_size), len(self))
+        self.epoch, self.index = int(state["epoch"]), index

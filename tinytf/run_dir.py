@@ -131,16 +131,34 @@ RESUME_SENSITIVE = ("seed", "max_tokens", "update_freq", "lr_schedule", "lr", "w
 """Options that a resumed run may change, at the price of not matching a straight run."""
 
 
-def resume_warnings(saved: dict, cfg) -> list[str]:
-    """The warnings for :data:`RESUME_SENSITIVE` options that differ from the checkpoint's
-    (``saved``), and for a new budget under the budget-aware ``linear`` schedule."""
+def resume_warnings(saved: dict, cfg, saved_ranks: int = 1, ranks: int = 1) -> list[str]:
+    """The lines that a resume logs where it departs from the checkpoint's run: the
+    :data:`RESUME_SENSITIVE` options that differ from its options (``saved``), a new budget
+    under the budget-aware ``linear`` schedule, and another number of ranks (the run had
+    ``saved_ranks``, this one ``ranks``): an update of the same batches if ``update_freq``
+    keeps the batches per update, else a warning with the ``--update-freq`` that would."""
     def changes(keys):
         return ", ".join(f"{k} ({saved[k]} -> {getattr(cfg, k)})" for k in keys
                          if k in saved and saved[k] != getattr(cfg, k))
     lines = []
-    if changes(RESUME_SENSITIVE):
-        lines.append(f"warning: resuming with changed {changes(RESUME_SENSITIVE)}: the run "
+    per_update = saved.get("update_freq", cfg.update_freq) * saved_ranks   # batches
+    same_batches = per_update == cfg.update_freq * ranks
+    sensitive = tuple(k for k in RESUME_SENSITIVE
+                      if not (k == "update_freq" and saved_ranks != ranks and same_batches))
+    if changes(sensitive):
+        lines.append(f"warning: resuming with changed {changes(sensitive)}: the run "
                      "will not match an uninterrupted one")
+    if saved_ranks != ranks:
+        moved = (f"resuming on {ranks} rank(s) a run that trained on {saved_ranks}: the epoch "
+                 "goes on from the batches its ranks had reached together")
+        if same_batches:
+            lines.append(f"{moved}, with the same {per_update} batches per update "
+                         f"(--update-freq {cfg.update_freq}; dropout draws its masks per rank)")
+        else:
+            keep = (f"--update-freq {per_update // ranks} keeps them" if per_update % ranks == 0
+                    else f"no --update-freq on {ranks} rank(s) keeps them")
+            lines.append(f"warning: {moved}, but an update now holds {cfg.update_freq * ranks} "
+                         f"batches of --max-tokens where it held {per_update} ({keep})")
     if changes(BUDGET_KEYS) and cfg.lr_schedule == "linear":
         lines.append(f"warning: resuming with another budget, {changes(BUDGET_KEYS)}: the "
                      "linear schedule follows it from here (its learning rate is the one of "

@@ -272,8 +272,10 @@ class Trainer:
         if ckpt.meta.get("best_metric", "loss") == self.cfg.best_metric:
             self.since_best = int(ckpt.meta.get("validations_since_best", 0))
         self._spent_before = budget.budget_seconds_spent(ckpt.meta, self.cfg)
-        for warning in resume_warnings(ckpt.meta.get("train_config", {}), self.cfg):
-            self.log.info(warning)
+        saved_ranks = int(ckpt.meta["data_state"].get("world_size", self.comm.size))
+        for line in resume_warnings(ckpt.meta.get("train_config", {}), self.cfg, saved_ranks,
+                                    self.comm.size):
+            self.log.info(line)
 
     def describe(self) -> None:
         """The run's first log lines: model, processes, data, schedule and budget."""
