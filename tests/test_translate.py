@@ -26,8 +26,8 @@ from tinytf.bpe import BPE, EOS_ID
 from tinytf.fast import threads as row_threads
 from tinytf.search import beam_search, greedy_search
 from tinytf.translation import (
-    PrefixState, SearchOptions, TranslationError, Translator, full_prefix_step, make_batches,
-    one_line, pad_sources, read_text_lines)
+    PrefixState, Progress, SearchOptions, TranslationError, Translator, full_prefix_step,
+    make_batches, one_line, pad_sources, read_text_lines)
 from tinytf.transformer import Transformer, TransformerConfig
 from tinytf.workers import blas_threads, set_blas_threads, thread_budget
 
@@ -516,3 +516,22 @@ def test_cli_bleu_and_chrf_as_json(run_dir, test_lines, tmp_path):
     assert {"bleu", "chrf", "bleu_signature", "chrf_signature"} <= set(doc)
     assert doc["sentences"] == 3
     assert "chrF2" in doc["chrf_signature"] or "nc:6" in doc["chrf_signature"]
+
+
+def test_progress_lines_give_the_rate_the_time_spent_and_the_time_to_go():
+    """translate.py's progress: done/total, sentences/s, seconds elapsed and, with a known
+    total, the seconds to go at that rate; the closing line counts in the singular too."""
+    import io
+    out = io.StringIO()
+    progress = Progress(every=0.0, stream=out)
+    progress.start -= 10.0                            # 10 s ago
+    progress(250, 1000)
+    progress(1000, 1000)                              # done: no line
+    progress(250, None)                               # a stream of unknown length
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and re.fullmatch(
+        r"translated 250/1,000 sentences, 2\d\.\d sentences/s, 10 s elapsed, about 3\d s to go",
+        lines[0]), lines
+    assert lines[1].startswith("translated 250 sentences, ") and "to go" not in lines[1]
+    assert Progress().summary(1).startswith("translated 1 sentence in ")
+    assert Progress().summary(1234).startswith("translated 1,234 sentences in ")

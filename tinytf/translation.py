@@ -412,7 +412,8 @@ def corpus_chrf(hypotheses, references):
 
 
 class Progress:
-    """Prints ``done/total sentences, rate`` to stderr at most every ``every`` seconds."""
+    """Prints ``done/total sentences, rate, elapsed, time to go`` to stderr at most every
+    ``every`` seconds."""
 
     def __init__(self, every: float = 5.0, stream=None):
         self.every = every
@@ -424,15 +425,18 @@ class Progress:
         now = time.perf_counter()
         if now - self.last >= self.every and (total is None or done < total):
             self.last = now
-            rate = done / max(now - self.start, 1e-9)
-            of = "" if total is None else f"/{total}"
-            print(f"translated {done}{of} sentences, {rate:.1f} sentences/s",
-                  file=self.stream, flush=True)
+            elapsed = max(now - self.start, 1e-9)
+            rate = done / elapsed
+            of = "" if total is None else f"/{total:,}"
+            left = "" if total is None or not done else \
+                f", about {(total - done) / rate:.0f} s to go"
+            print(f"translated {done:,}{of} sentences, {rate:.1f} sentences/s, "
+                  f"{elapsed:.0f} s elapsed{left}", file=self.stream, flush=True)
 
     def summary(self, total: int) -> str:
         """The closing line: sentences, seconds, sentences per second."""
         elapsed = time.perf_counter() - self.start
-        return (f"translated {total} sentences in {elapsed:.1f} s, "
+        return (f"translated {total:,} sentence{'' if total == 1 else 's'} in {elapsed:.1f} s, "
                 f"{total / max(elapsed, 1e-9):.1f} sentences/s")
 
 
