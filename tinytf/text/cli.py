@@ -97,7 +97,9 @@ def _decode(args):
 
 def build_parser():
     """The argparse parser of the three subcommands."""
-    parser = argparse.ArgumentParser(prog="python -m tinytf.bpe",
+    called = os.path.basename(sys.argv[0])           # tinytf-bpe, or python -m tinytf.bpe
+    parser = argparse.ArgumentParser(prog=called if called.startswith("tinytf-") else
+                                     "python -m tinytf.bpe",
                                      description="Learn, apply and invert a BPE vocabulary.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("learn", help="learn a joint vocabulary from text files")
