@@ -12,7 +12,8 @@ Every schedule maps (update number, budget progress) to a learning rate and stat
 ``linear``     lr = peak * min(warm, 1, (1 - progress) / (1 - p_w)), warm = max(step /
                warmup, progress / 0.3), p_w = min(0.3, warmup * progress / step), where
                progress in [0, 1] is the fraction of the run's budget spent (updates over
-               ``--max-steps``, or training seconds over ``--max-minutes``): warm up for
+               ``--max-steps`` or the updates of ``--max-epochs``, or training seconds over
+               ``--max-minutes``): warm up for
                ``warmup`` updates or 30 % of the budget, whichever ends first, then decay
                linearly to zero exactly when the budget ends (budget-aware linear decay:
                Li et al., "Budgeted Training", 2020). p_w is where the warm-up ends, as a

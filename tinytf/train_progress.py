@@ -33,7 +33,7 @@ class Progress:
     ``budget``: seconds of training left to this invocation (``inf`` without
     ``--max-minutes``): the run's budget less ``spent_before``, the seconds of it that
     earlier invocations spent up to the checkpoint resumed; ``max_steps``: the run's update
-    budget (0 without one).
+    budget, --max-steps or the updates of --max-epochs (0 without one).
     """
     start_step: int
     budget: float

@@ -435,11 +435,20 @@ class Trainer:
         """The learning rate of update ``step`` (counting from 1)."""
         return self.schedule(step, self.budget_progress(step))
 
+    def step_budget(self) -> int:
+        """The run's update budget: --max-steps, or the updates that --max-epochs holds
+        (``update_freq`` of this rank's batches each), whichever is fewer; 0 for neither."""
+        budgets = [self.cfg.max_steps] if self.cfg.max_steps else []
+        if self.cfg.max_epochs:
+            budgets.append(-(-self.cfg.max_epochs * len(self.batches) // self.cfg.update_freq))
+        return min(budgets, default=0)
+
     def budget_progress(self, step: int) -> float:
         """The fraction of the run's budget spent when update ``step`` starts, for the
-        linear schedule: (step - 1) / max_steps, or the run's training time (earlier
-        invocations' included) over --max-minutes, whichever is further on."""
-        spent = [(step - 1) / self.cfg.max_steps] if self.cfg.max_steps else []
+        linear schedule: (step - 1) over the :meth:`step_budget`, or the run's training time
+        (earlier invocations' included) over --max-minutes, whichever is further on."""
+        steps = self.step_budget()
+        spent = [(step - 1) / steps] if steps else []
         if self._progress is not None:
             spent.append(self._progress.time_spent())
         return min(max(spent, default=0.0), 1.0)
@@ -451,7 +460,7 @@ class Trainer:
         self.describe()
         seconds = self.cfg.max_minutes * 60.0 if self.cfg.max_minutes else math.inf
         self._progress = Progress(start_step=self.step, budget=seconds - self._spent_before,
-                                  max_steps=self.cfg.max_steps or 0,
+                                  max_steps=self.step_budget(),
                                   spent_before=self._spent_before)
         return self._progress
 
