@@ -853,7 +853,7 @@ def test_patience_and_max_epochs_stop_the_run(data_dir, tmp_path):
 def test_the_linear_schedule_ends_with_the_epochs_of_max_epochs(data_dir, tmp_path):
     """--max-epochs is an update budget too: the linear schedule decays to zero at its last
     update (here 2 epochs at --update-freq 2, the 10-minute time budget far off), and the
-    time left and the pace warning count it."""
+    run's clock takes it as its update budget (the time left, the pace warning)."""
     t = trainer.Trainer(_config(data_dir, tmp_path / "e", max_epochs=2, update_freq=2,
                                 lr_schedule="linear", lr=1e-3, lr_factor=None, warmup=2,
                                 max_minutes=10.0), log_stream=open(os.devnull, "w"))
@@ -864,6 +864,7 @@ def test_the_linear_schedule_ends_with_the_epochs_of_max_epochs(data_dir, tmp_pa
     t.optimizer.step = lambda *a, **kw: (lrs.append(t.optimizer.lr), original(*a, **kw))[1]
     summary = t.train()
     assert summary["stopped"] == "max_epochs" and summary["steps"] == steps
+    assert t._progress.max_steps == steps
     assert t.lr(steps + 1) == 0.0 and 0 < t.lr(steps) < t.lr(steps - 1)
     assert max(lrs) == pytest.approx(1e-3, rel=0.2) and lrs[-1] == pytest.approx(t.lr(steps))
 
