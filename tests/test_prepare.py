@@ -198,6 +198,25 @@ def test_train_prepares_once_maps_on_resume_and_rebuilds_when_stale(data_dir, tm
     assert "train.en changed since it was prepared" in stale.stderr, stale.stderr
 
 
+def test_a_bpe_that_runs_out_of_pairs_says_so(data_dir, tmp_path):
+    """A --vocab-size beyond what the training text holds: the BPE stops where no pair of
+    pieces occurs twice more, and the log line says how many pieces of how many asked."""
+    from tinytf.distributed import SingleCommunicator
+    from tinytf.run_dir import run_bpe
+    from tinytf.train_config import TrainConfig
+    lines = []
+
+    class Log:
+        info = staticmethod(lines.append)
+
+    cfg = TrainConfig(data=data_dir, out=str(tmp_path), vocab_size=100_000, workers=1)
+    pair = (os.path.join(data_dir, "train.en"), os.path.join(data_dir, "train.de"))
+    bpe, _, learnt = run_bpe(cfg, SingleCommunicator(), Log, pair)
+    assert learnt and len(bpe) < 100_000
+    assert f"({len(bpe):,} pieces, not the 100,000 asked: no further pair of pieces occurs " \
+        "twice in the training text;" in lines[-1], lines
+
+
 def test_prepare_command_readies_a_run_directory(data_dir, tmp_path):
     out = str(tmp_path / "run")
     prep = subprocess.run([sys.executable, "-m", "tinytf.commands.prepare", "--data", data_dir,

@@ -67,7 +67,11 @@ def run_bpe(cfg, comm, log, train_pair):
             except ValueError as e:
                 raise TrainError(f"--vocab-size {cfg.vocab_size}: {e}") from None
             model.save(path)  # atomic (temporary file + rename)
-            log.info(f"wrote {path} ({len(model)} pieces, {time.perf_counter() - t0:.1f}s)")
+            short = "" if len(model) >= cfg.vocab_size else \
+                f", not the {cfg.vocab_size:,} asked: no further pair of pieces occurs twice " \
+                "in the training text"
+            log.info(f"wrote {path} ({len(model):,} pieces{short}; "
+                     f"{time.perf_counter() - t0:.1f}s)")
         comm.barrier()
         learnt = True
     bpe = BPE.load(path)
