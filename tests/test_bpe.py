@@ -648,3 +648,10 @@ def test_command_line(tmp_path, sample, monkeypatch, capsys):
                                      str(tmp_path / "m.json"), "--workers", workers])[0] == 1
         assert f"--input {missing}: no such file" in capsys.readouterr().err
     assert not (tmp_path / "m.json").exists()
+    # A vocabulary the text cannot fill: the pieces learnt, of how many asked, and why.
+    few = tmp_path / "few.txt"
+    few.write_text("a b c\n", encoding="utf-8")
+    assert run_cli(monkeypatch, ["learn", "--input", str(few), "--output",
+                                 str(tmp_path / "few.json")])[0] == 0
+    assert "learned 264 pieces of the 8,000 asked (no further pair occurs 2 times; " in \
+        capsys.readouterr().err

@@ -50,8 +50,11 @@ def _learn(args):
     bpe = BPE.learn([pathlib.Path(p) for p in args.input], vocab_size=args.vocab_size,
                     min_frequency=args.min_frequency, workers=args.workers)
     bpe.save(args.output)
-    print(f"learned {bpe.vocab_size} pieces ({len(bpe.alphabet)} alphabet symbols, "
-          f"{len(bpe.merges)} merges) from {len(args.input)} file(s) in "
+    short = ("", "") if bpe.vocab_size >= args.vocab_size else (
+        f" of the {args.vocab_size:,} asked", f"no further pair occurs {args.min_frequency} "
+        "times; ")
+    print(f"learned {bpe.vocab_size:,} pieces{short[0]} ({short[1]}{len(bpe.alphabet)} alphabet "
+          f"symbols, {len(bpe.merges):,} merges) from {len(args.input)} file(s) in "
           f"{time.perf_counter() - start:.1f} s -> {args.output}", file=sys.stderr)
 
 
