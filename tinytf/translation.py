@@ -200,7 +200,8 @@ def bpe_path_of(ckpt: checkpoint.Checkpoint, ckpt_path: str) -> str:
         if os.path.isfile(path):
             return path
     raise TranslationError(f"{ckpt_path}: cannot find the BPE model (looked for "
-                           f"{', '.join(dict.fromkeys(candidates))})")
+                           f"{', '.join(dict.fromkeys(candidates))}): copy the bpe.json of "
+                           "the run that wrote it beside it")
 
 
 def load_checkpoint(path, average: int = 1) -> tuple[checkpoint.Checkpoint, str]:
