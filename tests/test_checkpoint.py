@@ -185,6 +185,13 @@ def test_average(tmp_path):
                           "decoder.layers.0.ff.w1.bias": np.zeros(3, np.float32)})
     with pytest.raises(CheckpointError, match="shape"):
         checkpoint.average([paths[0], bad])
+    # Same shapes, another vocabulary: refused, naming both files.
+    vocab = [str(tmp_path / f"vocab_{i}.npz") for i in range(2)]
+    for path, sha in zip(vocab, ("a" * 64, "b" * 64)):
+        checkpoint.save(path, states[0], meta={"bpe": {"file": "bpe.json", "sha256": sha}})
+    with pytest.raises(CheckpointError, match="another BPE model than .*vocab_0.npz"):
+        checkpoint.average(vocab)
+    assert checkpoint.average([vocab[0], vocab[0], paths[1]]).model.keys() == states[0].keys()
 
     # The command-line script: the last 2 of the run directory.
     out = tmp_path / "avg" / "averaged.npz"

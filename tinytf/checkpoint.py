@@ -264,16 +264,25 @@ def average(paths) -> Checkpoint:
     """Average the model parameters of several checkpoints (the paper averages the last 5 or 20).
 
     Sums in float64 and casts back to each parameter's dtype, so the result does not depend on
-    the order of the files beyond rounding. All checkpoints must hold the same names and shapes.
+    the order of the files beyond rounding. All checkpoints must hold the same names and shapes,
+    and those that record their BPE model the same one (its SHA-256): rows of the embedding
+    of two vocabularies of one size are other pieces.
     The returned checkpoint carries the metadata of the last one (config, BPE), no optimizer
     state, and ``meta["averaged_from"]`` listing the inputs.
     """
     paths = [os.fspath(p) for p in paths]
     if not paths:
         raise CheckpointError("average: no checkpoints given")
-    total, dtypes, last = None, None, None
+    total, dtypes, last, bpe_of = None, None, None, {}
     for path in paths:
         ckpt = load(path, with_optim=False)
+        sha = (ckpt.meta.get("bpe") or {}).get("sha256")
+        if sha is not None:
+            bpe_of.setdefault(sha, path)
+            if len(bpe_of) > 1:
+                raise CheckpointError(f"{path}: trained with another BPE model than "
+                                      f"{bpe_of[next(iter(bpe_of))]} (SHA-256 differs): "
+                                      "only checkpoints of one vocabulary average")
         if total is None:
             total = {k: v.astype(np.float64) for k, v in ckpt.model.items()}
             dtypes = {k: v.dtype for k, v in ckpt.model.items()}
