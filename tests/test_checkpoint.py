@@ -125,8 +125,15 @@ def test_bad_files_give_clear_errors(tmp_path):
     data = good.read_bytes()
     truncated = tmp_path / "truncated.npz"
     truncated.write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match="truncated.npz"):
+    with pytest.raises(CheckpointError, match="truncated.npz: unreadable checkpoint: the .npz "
+                       "archive is truncated or damaged"):
         checkpoint.load(truncated)
+    for name, content in (("text.npz", b"not a checkpoint\n"), ("empty.npz", b""),
+                          ("array.npy", b"\x93NUMPY")):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(CheckpointError, match=f"{name}: not a checkpoint \\(not a NumPy "
+                           ".npz archive\\)"):
+            checkpoint.load(tmp_path / name)
     foreign = tmp_path / "foreign.npz"
     np.savez(foreign, w=np.zeros(3))
     with pytest.raises(CheckpointError, match="not a tinytf checkpoint"):

@@ -208,6 +208,9 @@ def load(path, *, with_optim: bool = True) -> Checkpoint:
     if not os.path.isfile(path):
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"PK\x03\x04":   # a zip archive's first bytes, as .npz files have
+                raise CheckpointError(f"{path}: not a checkpoint (not a NumPy .npz archive)")
         with np.load(path, allow_pickle=False) as npz:
             keys = list(npz.files)
             if "meta/format" not in keys:
@@ -223,7 +226,10 @@ def load(path, *, with_optim: bool = True) -> Checkpoint:
                                     {k: npz[k] for k in keys if k.startswith("optim/")})
     except CheckpointError:
         raise
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
+    except zipfile.BadZipFile as e:
+        raise CheckpointError(f"{path}: unreadable checkpoint: the .npz archive is truncated "
+                              f"or damaged ({e})") from e
+    except (ValueError, OSError, EOFError, KeyError) as e:
         raise CheckpointError(f"{path}: unreadable checkpoint ({type(e).__name__}: {e})") from e
     meta.pop("optim", None)
     return Checkpoint(path, model, optim, meta)
