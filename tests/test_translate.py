@@ -535,3 +535,19 @@ def test_progress_lines_give_the_rate_the_time_spent_and_the_time_to_go():
     assert lines[1].startswith("translated 250 sentences, ") and "to go" not in lines[1]
     assert Progress().summary(1).startswith("translated 1 sentence in ")
     assert Progress().summary(1234).startswith("translated 1,234 sentences in ")
+
+
+def test_output_onto_the_input_or_the_reference_is_refused(run_dir, tmp_path):
+    """--output naming the --input or --reference file (by another path too) would empty it
+    before it is read: refused with exit 2, the file left as it was."""
+    src = tmp_path / "in.txt"
+    src.write_bytes(b"Hello.\nGood morning.\n")
+    ref = tmp_path / "ref.txt"
+    ref.write_bytes(b"Hallo.\nGuten Morgen.\n")
+    for output, option in ((tmp_path / "." / "in.txt", "--input"), (ref, "--reference")):
+        proc = run_cli("--model", run_dir, "--input", src, "--reference", ref,
+                       "--output", output)
+        assert proc.returncode == 2, proc.stderr.decode()
+        assert f"is the {option} file: writing would erase it" in proc.stderr.decode()
+    assert src.read_bytes() == b"Hello.\nGood morning.\n"
+    assert ref.read_bytes() == b"Hallo.\nGuten Morgen.\n"

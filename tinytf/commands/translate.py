@@ -131,10 +131,16 @@ def _open_input(path):
     return f.fileno(), f
 
 
-def _open_output(path):
-    """Where translations go, opened before any decoding (an unwritable path fails first)."""
+def _open_output(path, keep=()):
+    """Where translations go, opened before any decoding (an unwritable path fails first);
+    refused if it is one of the files ``keep`` names (opening it would empty it)."""
     if path == "-":
         return sys.stdout.buffer
+    for option, other in keep:
+        if other not in (None, "-") and os.path.exists(path) and os.path.exists(other) \
+                and os.path.samefile(path, other):
+            raise TranslationError(f"--output {path} is the {option} file: writing would erase "
+                                   "it; choose another --output")
     try:
         return open(path, "wb")
     except OSError as e:
@@ -214,7 +220,8 @@ def main(argv=None) -> int:
     try:
         references = read_text_lines(args.reference, args.errors) if args.reference else None
         fd, infile = _open_input(args.input)
-        out = _open_output(args.output)
+        out = _open_output(args.output, [("--input", args.input),
+                                         ("--reference", args.reference)])
         translator = Translator.load(args.model, average=args.average, device=args.device,
                                      precision=args.precision)
         options = SearchOptions(beam_size=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
