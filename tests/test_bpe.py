@@ -648,6 +648,9 @@ def test_command_line(tmp_path, sample, monkeypatch, capsys):
                                      str(tmp_path / "m.json"), "--workers", workers])[0] == 1
         assert f"--input {missing}: no such file" in capsys.readouterr().err
     assert not (tmp_path / "m.json").exists()
+    before = corpus.read_bytes()
+    assert run_cli(monkeypatch, ["learn", "--input", str(corpus), "--output", str(corpus)])[0] == 1
+    assert "is the --input file" in capsys.readouterr().err and corpus.read_bytes() == before
     # A vocabulary the text cannot fill: the pieces learnt, of how many asked, and why.
     few = tmp_path / "few.txt"
     few.write_text("a b c\n", encoding="utf-8")

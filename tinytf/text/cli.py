@@ -47,6 +47,9 @@ def _learn(args):
     for path in args.input:   # (BPE.learn would take a list of names that are not files as text)
         if not os.path.isfile(path):
             raise ValueError(f"--input {path}: no such file")
+        if os.path.exists(args.output) and os.path.samefile(path, args.output):
+            raise ValueError(f"--output {args.output} is the --input file {path}: writing the "
+                             "model would replace it; choose another --output")
     bpe = BPE.learn([pathlib.Path(p) for p in args.input], vocab_size=args.vocab_size,
                     min_frequency=args.min_frequency, workers=args.workers)
     bpe.save(args.output)
