@@ -760,6 +760,26 @@ def test_a_budget_given_on_resume_replaces_the_run_s_budget(data_dir, tmp_path):
         linear, max_steps=None, max_minutes=1.0)) == []
 
 
+def test_the_first_lines_say_whether_a_test_set_will_be_scored(data_dir, tmp_path):
+    """The data line counts the test pairs the run will score at its end, or says why none:
+    no test.* files in --data, or test_bleu off."""
+    import io
+    import shutil
+    with_test = tmp_path / "with_test"
+    shutil.copytree(data_dir, with_test)
+    for lang in ("en", "de"):
+        shutil.copy(with_test / f"dev.{lang}", with_test / f"test.{lang}")
+    cases = [(data_dir, {}, "dev pairs, no test BLEU (no test.en, test.de); "),
+             (str(with_test), {"test_bleu": False}, "dev pairs, no test BLEU (test_bleu off); "),
+             (str(with_test), {}, "dev pairs, 6 test pairs; ")]
+    for i, (data, kw, expected) in enumerate(cases):
+        log = io.StringIO()
+        t = trainer.Trainer(_config(data, tmp_path / f"run{i}", **kw), log_stream=log)
+        t.describe()
+        t.close()
+        assert expected in log.getvalue(), log.getvalue()
+
+
 def test_warns_when_the_time_budget_allows_few_updates():
     """After 20 updates, a --max-minutes budget that at this pace ends before 800 updates
     gets one warning; a budget of thousands, or the user's own shorter --max-steps, none."""

@@ -125,11 +125,12 @@ def write_run_config(run_dir: str, cfg, ranks: int, device: str) -> str:
 def log_run_start(log: Logger, cfg, mc, data, step: int, *, parameters: int, ranks: int,
                   device: str, precision: str, dev_pairs: int, batches: int,
                   schedule, optimizer, dropout_plan: str = "",
-                  budget_spent: float = 0.0) -> None:
+                  budget_spent: float = 0.0, test_pairs: int | None = None) -> None:
     """The first lines of a run: the model (``mc``, its config), processes, device and
     precision; the training ``data`` (a ParallelCorpus) and batches; the schedule, the
     ``optimizer`` (its ``describe()``) and the budget (what is left of a time budget of
-    which a resumed run had spent ``budget_spent`` seconds), and a warning when the peak is
+    which a resumed run had spent ``budget_spent`` seconds; ``test_pairs`` None: no test
+    set, so no test BLEU at the end, or none asked), and a warning when the peak is
     far from the preset's; late dropout, or the ``dropout_plan`` line of a choice still to
     come."""
     graphs = ", CUDA graphs (one per padded batch shape)" if cfg.cuda_graph else ""
@@ -139,10 +140,15 @@ def log_run_start(log: Logger, cfg, mc, data, step: int, *, parameters: int, ran
              f"{norms}, {parameters:,} parameters) on {ranks} process"
              f"{'es' if ranks > 1 else ''}, "
              f"device {device}, precision {precision}{graphs}")
+    if test_pairs is not None:
+        test = f"{test_pairs:,} test pairs"
+    else:
+        test = "no test BLEU (" + ("test_bleu off" if not cfg.test_bleu else
+                                   f"no test.{cfg.src}, test.{cfg.tgt}") + ")"
     log.info(f"data: {len(data):,} training pairs ({data.n_skipped_long} longer than "
              f"{cfg.train_max_len} tokens and {data.n_skipped_empty} with an empty side "
-             f"skipped), {dev_pairs:,} dev pairs; {batches} batches of <= {cfg.max_tokens} "
-             f"tokens per epoch, update_freq {cfg.update_freq}")
+             f"skipped), {dev_pairs:,} dev pairs, {test}; {batches} batches of <= "
+             f"{cfg.max_tokens} tokens per epoch, update_freq {cfg.update_freq}")
     minutes = count_of(cfg.max_minutes, "minute") if cfg.max_minutes else ""
     if minutes and budget_spent:
         left = max(cfg.max_minutes * 60.0 - budget_spent, 0.0)

@@ -283,6 +283,8 @@ class Trainer:
                       parameters=self.model.num_parameters(), ranks=self.comm.size,
                       device=self.device, precision=self.policy.name,
                       dev_pairs=len(self.dev_data), batches=self.batches.n_batches,
+                      test_pairs=(len(self.test_lines[0]) if self.test_lines and
+                                  self.cfg.test_bleu else None),
                       schedule=self.schedule, optimizer=self.optimizer,
                       dropout_plan=budget.pending_dropout_plan(
                           self.cfg, self.model_cfg.dropout) if self.dropout_decided_at else "",
