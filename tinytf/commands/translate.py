@@ -221,7 +221,8 @@ def main(argv=None) -> int:
         references = read_text_lines(args.reference, args.errors) if args.reference else None
         fd, infile = _open_input(args.input)
         out = _open_output(args.output, [("--input", args.input),
-                                         ("--reference", args.reference)])
+                                         ("--reference", args.reference),
+                                         ("--score-reference", args.score_reference)])
         translator = Translator.load(args.model, average=args.average, device=args.device,
                                      precision=args.precision)
         options = SearchOptions(beam_size=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
