@@ -549,5 +549,7 @@ def test_output_onto_the_input_or_the_reference_is_refused(run_dir, tmp_path):
                        "--output", output)
         assert proc.returncode == 2, proc.stderr.decode()
         assert f"is the {option} file: writing would erase it" in proc.stderr.decode()
+    proc = run_cli("--model", run_dir, "--input", src, "--score-reference", ref, "--output", ref)
+    assert proc.returncode == 2 and b"is the --score-reference file" in proc.stderr
     assert src.read_bytes() == b"Hello.\nGood morning.\n"
     assert ref.read_bytes() == b"Hallo.\nGuten Morgen.\n"
