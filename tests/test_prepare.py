@@ -236,3 +236,11 @@ def test_prepare_command_readies_a_run_directory(data_dir, tmp_path):
                           str(tmp_path / "none"), "--out", out], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "no such file" in bad.stderr
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a directory\n")
+    for command in ([sys.executable, "-m", "tinytf.commands.prepare"],
+                    [sys.executable, os.path.join(ROOT, "train.py"), *TINY]):
+        proc = subprocess.run([*command, "--data", data_dir, "--out", str(a_file)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and f"--out {a_file}: a file, not a run directory" in \
+            proc.stderr, proc.stderr

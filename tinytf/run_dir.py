@@ -261,10 +261,22 @@ def claim_run_dir(cfg, comm):
                          "pass --resume to continue it, or choose another --out")
     lock = None
     if comm.is_root:
-        os.makedirs(cfg.out, exist_ok=True)
+        make_run_dir(cfg.out)
         lock = RunLock(cfg.out)     # one training per run directory
     comm.barrier()
     return cfg, lock
+
+
+def make_run_dir(run_dir: str) -> None:
+    """Create ``run_dir`` (and its parents) if absent; a :class:`TrainError` naming it if it
+    is a file or cannot be made."""
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise TrainError(f"--out {run_dir}: a file, not a run directory")
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        raise TrainError(f"--out {run_dir}: cannot make the run directory: {e.strerror}") \
+            from None
 
 
 def has_checkpoint(run_dir: str) -> bool:

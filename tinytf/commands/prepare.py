@@ -13,14 +13,14 @@ train on a GPU node. Exit status 0, or 2 for a data or usage
 error (named file and line). See docs/data.md ("The prepared corpus").
 """
 import argparse
-import os
 import sys
 import time
 
 from tinytf import distributed
 from tinytf.bpe import BPEFileError
 from tinytf.data import DataError
-from tinytf.run_dir import RunLock, data_paths, has_checkpoint, prepared_corpus, run_bpe
+from tinytf.run_dir import (RunLock, data_paths, has_checkpoint, make_run_dir,
+                            prepared_corpus, run_bpe)
 from tinytf.train_config import TrainConfig, TrainError, apply_overrides
 from tinytf.train_log import write_run_config
 
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
             data=args.data, src=args.src, tgt=args.tgt, out=args.out, config=args.config,
             vocab_size=args.vocab_size, workers=args.workers), args.set).resolved()
         paths = data_paths(cfg)
-        os.makedirs(cfg.out, exist_ok=True)
+        make_run_dir(cfg.out)
         lock = RunLock(cfg.out)
         try:
             t0 = time.perf_counter()
