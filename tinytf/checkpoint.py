@@ -18,6 +18,7 @@ keeps the last K of them, ``checkpoint_last.npz`` and ``checkpoint_best.npz`` (l
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -171,15 +172,18 @@ def save(path, model_state: dict, *, optim_state=None, meta: dict | None = None)
         atomic_write(path, lambda f: np.savez(f, **arrays))
     except OSError as e:
         # Disk full, quota, permissions: one line naming the file; the old file stays.
-        needed = sum(a.nbytes for a in arrays.values())
-        directory = os.path.dirname(os.path.abspath(os.fspath(path)))
-        try:
-            free = f", {shutil.disk_usage(directory).free / 2**20:,.0f} MiB free there"
-        except OSError:
-            free = ""
+        space = ""
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):   # out of room
+            needed = sum(a.nbytes for a in arrays.values())
+            directory = os.path.dirname(os.path.abspath(os.fspath(path)))
+            try:
+                free = f", {shutil.disk_usage(directory).free / 2**20:,.0f} MiB free there"
+            except OSError:
+                free = ""
+            space = f" (it needs about {needed / 2**20:,.1f} MiB{free})"
         raise CheckpointError(f"{os.fspath(path)}: cannot write the checkpoint: "
-                              f"{e.strerror or e} (it needs about {needed / 2**20:,.1f} MiB"
-                              f"{free}); the earlier checkpoints are intact") from None
+                              f"{e.strerror or e}{space}; a file already at that path stays intact") \
+            from None
 
 
 class Checkpoint:
