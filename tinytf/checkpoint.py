@@ -182,8 +182,8 @@ def save(path, model_state: dict, *, optim_state=None, meta: dict | None = None)
                 free = ""
             space = f" (it needs about {needed / 2**20:,.1f} MiB{free})"
         raise CheckpointError(f"{os.fspath(path)}: cannot write the checkpoint: "
-                              f"{e.strerror or e}{space}; a file already at that path stays intact") \
-            from None
+                              f"{e.strerror or e}{space}; a file already at that path stays "
+                              "intact") from None
 
 
 class Checkpoint:
