@@ -361,7 +361,8 @@ def test_cli_reference_nbest_average_and_attention(run_dir, test_lines, tmp_path
 
     for bad_args, message in [(("--average", 4), "needs 4 numbered checkpoints"),
                               (("--reference", src.parent / "nope"), "cannot read"),
-                              (("--model", tmp_path / "none"), "no such checkpoint")]:
+                              (("--model", tmp_path / "none"), "no such checkpoint"),
+                              (("--print-attention", out), "a file, not a directory")]:
         args = ["--model", run_dir, "--input", src, *bad_args]
         proc = run_cli(*args)
         assert proc.returncode == 2 and message in proc.stderr.decode(), proc.stderr.decode()

@@ -111,7 +111,6 @@ def _check(args, parser):
 def _write_svgs(translator, sources, results, directory, first: int = 1):
     from tinytf.attention_svg import translation_attention_svg  # noqa: PLC0415
 
-    os.makedirs(directory, exist_ok=True)
     for number, (ids, nbest) in enumerate(zip(sources, results), first):
         if ids and nbest:
             svg = translation_attention_svg(translator.model, translator.bpe, ids,
@@ -223,6 +222,14 @@ def main(argv=None) -> int:
         out = _open_output(args.output, [("--input", args.input),
                                          ("--reference", args.reference),
                                          ("--score-reference", args.score_reference)])
+        if args.print_attention:   # made before any decoding, as the output is opened
+            try:
+                os.makedirs(args.print_attention, exist_ok=True)
+            except OSError as e:
+                why = "a file, not a directory" if os.path.isfile(args.print_attention) \
+                    else f"cannot make the directory: {e.strerror}"
+                raise TranslationError(f"--print-attention {args.print_attention}: {why}") \
+                    from None
         translator = Translator.load(args.model, average=args.average, device=args.device,
                                      precision=args.precision)
         options = SearchOptions(beam_size=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
