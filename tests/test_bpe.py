@@ -648,6 +648,9 @@ def test_command_line(tmp_path, sample, monkeypatch, capsys):
                                      str(tmp_path / "m.json"), "--workers", workers])[0] == 1
         assert f"--input {missing}: no such file" in capsys.readouterr().err
     assert not (tmp_path / "m.json").exists()
+    nowhere = tmp_path / "no_such_dir" / "m.json"
+    assert run_cli(monkeypatch, ["learn", "--input", str(corpus), "--output", str(nowhere)])[0] == 1
+    assert f"error: {nowhere}: No such file or directory" in capsys.readouterr().err
     before = corpus.read_bytes()
     assert run_cli(monkeypatch, ["learn", "--input", str(corpus), "--output", str(corpus)])[0] == 1
     assert "is the --input file" in capsys.readouterr().err and corpus.read_bytes() == before

@@ -51,12 +51,17 @@ def save(bpe, path):
     }
     path = os.fspath(path)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, ensure_ascii=False, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f, ensure_ascii=False, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:   # named after the model's file, not the temporary one
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise OSError(e.errno, e.strerror, path) from None
 
 
 def _read_json(path):
