@@ -730,8 +730,9 @@ def test_a_resumed_time_budget_is_what_the_run_had_left(data_dir, tmp_path):
 def test_a_budget_given_on_resume_replaces_the_run_s_budget(data_dir, tmp_path):
     """--resume --max-steps N after a time-budgeted run whose minutes are spent (the main
     job's 10) trains on to update N, the stored time budget replaced, not kept beside it;
-    --max-minutes likewise replaces a stored step budget; a budget not given is kept. Under
-    the linear schedule the new budget gets a warning (the learning rate follows it)."""
+    --max-minutes or --max-epochs likewise replaces a stored budget; a budget not given is
+    kept. Under the linear schedule the new budget gets a warning (the learning rate
+    follows it)."""
     from tinytf.run_dir import resume_warnings, resumed_config
     out = tmp_path / "t"
     _run(_config(data_dir, out, max_steps=3))
@@ -751,6 +752,12 @@ def test_a_budget_given_on_resume_replaces_the_run_s_budget(data_dir, tmp_path):
     minutes = resumed_config(TrainConfig(data=data_dir, out=str(out), resume=True,
                                          max_minutes=2.0), given={"max_minutes"}).resolved()
     assert (minutes.max_steps, minutes.max_minutes) == (None, 2.0)
+    epochs = resumed_config(TrainConfig(data=data_dir, out=str(out), resume=True,
+                                        max_epochs=20), given={"max_epochs"}).resolved()
+    assert (epochs.max_steps, epochs.max_minutes, epochs.max_epochs) == (None, None, 20)
+    # A new run: --max-epochs bounds it (no 10 minutes added); nothing at all: 10 minutes.
+    assert TrainConfig(data=data_dir, max_epochs=3).resolved().max_minutes is None
+    assert TrainConfig(data=data_dir).resolved().max_minutes == 10.0
 
     linear = dataclasses.replace(more, lr_schedule="linear")
     warnings = resume_warnings(dict(timed, lr_schedule="linear"), linear)

@@ -172,8 +172,8 @@ def resume_warnings(saved: dict, cfg, saved_ranks: int = 1, ranks: int = 1) -> l
 
 SCHEDULE_KEYS = ("lr_schedule", "lr", "lr_factor")
 
-BUDGET_KEYS = ("max_steps", "max_minutes")
-"""The run's budget: on resume, giving either replaces both (the one not given: none)."""
+BUDGET_KEYS = ("max_steps", "max_minutes", "max_epochs")
+"""The run's budget: on resume, giving any replaces all three (those not given: none)."""
 
 
 def resumed_config(cfg, given, assignments=()):
@@ -184,8 +184,9 @@ def resumed_config(cfg, given, assignments=()):
     ``cfg.resume`` is "auto" or True: with "auto" and no checkpoint in the run directory
     the result starts a new run (``cfg`` itself, resume off). Giving one of the schedule's
     options replaces all three of them, so the preset's defaults fill in the rest again;
-    giving ``--max-steps`` or ``--max-minutes`` replaces the run's budget whole, so that
-    ``--resume --max-steps 3000`` trains on to update 3,000 after a time-budgeted run.
+    giving ``--max-steps``, ``--max-minutes`` or ``--max-epochs`` replaces the run's budget
+    whole, so that ``--resume --max-steps 3000`` trains on to update 3,000 after a
+    time-budgeted run.
     The ``--max-tokens`` that the run's batch was fitted from (``fitted_from``) keeps the
     fitted batch: a job requeued with its first command continues as it trained.
     """

@@ -127,7 +127,7 @@ class TrainConfig:
                                            f"{cfg.config}")
         if cfg.valid_interval is None:
             cfg.valid_interval = cfg.save_interval
-        if not cfg.max_steps and not cfg.max_minutes:
+        if not cfg.max_steps and not cfg.max_minutes and not cfg.max_epochs:
             cfg.max_minutes = 10.0  # never run unbounded by accident; documented in --help
         cfg.check()
         return cfg

@@ -111,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=d.seed, help=f"(default: {d.seed})")
     p.add_argument("--resume", nargs="?", const=True, choices=[True, "auto"], metavar="auto",
                    help="continue exactly from RUNDIR/checkpoint_last.npz, with the run's own "
-                        "options (options given here override them; --max-steps or "
-                        "--max-minutes replaces the run's budget whole); '--resume auto': "
+                        "options (options given here override them; --max-steps, "
+                        "--max-minutes or --max-epochs replaces the run's budget whole); "
+                        "'--resume auto': "
                         "continue if that checkpoint exists, else start a new run (one "
                         "command for the first job and every requeue)")
     p.add_argument("--init-from", metavar="RUNDIR|CHECKPOINT",
@@ -149,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "dropout_per_epoch, tiny 0.02, for each epoch past "
                         "dropout_rises_after, tiny 10, up to 0.3); repeatable")
     options = vars(p.parse_args([]))    # every option's TrainConfig name, at its default
-    p.epilog = ("Without --max-steps and --max-minutes, training stops after 10 minutes.\n"
+    p.epilog = ("Without --max-steps, --max-minutes or --max-epochs, training stops after 10 "
+                "minutes.\n"
                 "Per-preset defaults:\n" + preset_defaults_text(options)
                 + "See docs/training.md.")
     return p
