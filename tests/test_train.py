@@ -134,6 +134,11 @@ def test_cli_smoke_run_prints_json_summary(data_dir, tmp_path, capsys):
     drawn = subprocess.run([sys.executable, "-m", "tinytf.plot", str(out)], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
     assert drawn.returncode == 0 and (out / "training.svg").read_text().startswith("<svg")
+    for where, problem in ((tmp_path / "none", "no such run directory"),
+                           (tmp_path, "no log.jsonl (not a run directory)")):
+        drawn = subprocess.run([sys.executable, "-m", "tinytf.plot", str(where)], cwd=ROOT,
+                               capture_output=True, text=True, timeout=60)
+        assert drawn.returncode == 2 and f"{where}: {problem}" in drawn.stderr, drawn.stderr
     assert {"epoch", "index"} <= set(meta["data_state"]) and "numpy" in meta["rng_state"]
     svg = ET.parse(out / "training.svg").getroot()
     assert svg.tag.endswith("svg") and svg.iter("{http://www.w3.org/2000/svg}polyline")

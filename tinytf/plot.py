@@ -126,18 +126,22 @@ def main(argv=None) -> int:
     import os  # noqa: PLC0415
     import sys  # noqa: PLC0415
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not os.path.isdir(args[0]):
+    if len(args) != 1:
         print("usage: python -m tinytf.plot RUNDIR", file=sys.stderr)
         return 2
-    records = []
     log = os.path.join(args[0], "log.jsonl")
-    if os.path.isfile(log):
-        with open(log, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue          # a line cut by a crash
+    if not os.path.isfile(log):
+        problem = "no log.jsonl (not a run directory)" if os.path.isdir(args[0]) else \
+            "no such run directory"
+        print(f"python -m tinytf.plot: error: {args[0]}: {problem}", file=sys.stderr)
+        return 2
+    records = []
+    with open(log, encoding="utf-8") as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue          # a line cut by a crash
     path = os.path.join(args[0], "training.svg")
     write_training_plot(path, records)
     print(path)
