@@ -178,6 +178,18 @@ def test_bad_data_files_are_named(data_dir, tmp_path, capsys):
     assert code == 2 and "dev.en" in err and "no such file" in err, err
 
 
+def test_device_gpu_without_cupy_is_a_usage_error(data_dir, tmp_path):
+    """--device gpu where CuPy is not installed: one line that says what to install, exit 2,
+    before any work (no run directory, no BPE learnt, no corpus encoded)."""
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here")
+    result = _train_py("--data", data_dir, "--out", str(tmp_path / "gpu"), "--device", "gpu",
+                       "--max-steps", "1")
+    assert result.returncode == 2 and "--device gpu needs CuPy: pip install 'tinytf[gpu]'" \
+        in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "gpu").exists()
+
+
 def test_unknown_set_key_is_an_error(tmp_path, capsys):
     code, _, err = _train_main(capsys, "--out", str(tmp_path / "r"), "--set", "d_modle=64")
     assert code == 2 and "d_modle" in err and "d_model" in err
