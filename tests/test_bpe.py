@@ -639,8 +639,13 @@ def test_command_line(tmp_path, sample, monkeypatch, capsys):
     assert run_cli(monkeypatch, ["decode", "--model", str(model)],
                    good + b"\nno_such_piece\n")[0] == 1
     assert "<stdin>:2: " in capsys.readouterr().err
-    assert run_cli(monkeypatch, ["encode", "--model", str(tmp_path / "none.json")])[0] == 1
-    assert f"error: {tmp_path / 'none.json'}: No such file" in capsys.readouterr().err
+    for workers in ("1", "2"):   # with workers: one line from this process, no worker's
+        assert run_cli(monkeypatch, ["encode", "--model", str(tmp_path / "none.json"),
+                                     "--workers", workers])[0] == 1
+        err = capsys.readouterr().err
+        assert f"error: {tmp_path / 'none.json'}: No such file" in err and "Trace" not in err
+    assert run_cli(monkeypatch, ["decode", "--model", str(model), "--ids"], b"5 x\n")[0] == 1
+    assert "<stdin>:1: 'x' is not an id (--ids reads integers)" in capsys.readouterr().err
     # An --input that is no file is an error, not a line of text to learn from.
     missing = tmp_path / "missing.txt"
     for workers in ("1", "2"):

@@ -65,8 +65,11 @@ _encoder = {}
 
 
 def _load_encoder(model_path, ids):
+    """The model into ``_encoder`` (once: forked workers inherit the parent's)."""
     from tinytf.text.bpe import BPE
-    _encoder.update(bpe=BPE.load(model_path), ids=ids)
+    if _encoder.get("path") != model_path:
+        _encoder.update(bpe=BPE.load(model_path), path=model_path)
+    _encoder["ids"] = ids
 
 
 def _encode_block(lines):
@@ -78,6 +81,8 @@ def _encode_block(lines):
 
 
 def _encode(args):
+    _encoder.clear()                      # this invocation's model, read afresh ...
+    _load_encoder(args.model, args.ids)   # ... here first: a bad model is one error, not N
     for text in ordered_map(_encode_block, _batches(_stdin_lines()), args.workers,
                             _load_encoder, (args.model, args.ids)):
         sys.stdout.write(text)
@@ -92,6 +97,9 @@ def _decode(args):
         as_ids = args.ids or (not args.pieces and all(t.isdigit() for t in tokens))
         try:
             if as_ids:
+                bad = next((t for t in tokens if not t.lstrip("-").isdigit()), None)
+                if bad is not None:
+                    raise ValueError(f"{bad!r} is not an id (--ids reads integers)")
                 text = bpe.decode(int(t) for t in tokens)
             else:
                 text = bpe.decode_pieces(tokens)
