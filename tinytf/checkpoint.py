@@ -283,16 +283,16 @@ def average(paths) -> Checkpoint:
     paths = [os.fspath(p) for p in paths]
     if not paths:
         raise CheckpointError("average: no checkpoints given")
-    total, dtypes, last, bpe_of = None, None, None, {}
+    total, dtypes, last, first_bpe = None, None, None, None   # first_bpe: (sha, path)
     for path in paths:
         ckpt = load(path, with_optim=False)
         sha = (ckpt.meta.get("bpe") or {}).get("sha256")
-        if sha is not None:
-            bpe_of.setdefault(sha, path)
-            if len(bpe_of) > 1:
-                raise CheckpointError(f"{path}: trained with another BPE model than "
-                                      f"{bpe_of[next(iter(bpe_of))]} (SHA-256 differs): "
-                                      "only checkpoints of one vocabulary average")
+        if sha is not None and first_bpe is None:
+            first_bpe = (sha, path)
+        elif sha is not None and sha != first_bpe[0]:
+            raise CheckpointError(f"{path}: trained with another BPE model than "
+                                  f"{first_bpe[1]} (SHA-256 differs): only checkpoints of "
+                                  "one vocabulary average")
         if total is None:
             total = {k: v.astype(np.float64) for k, v in ckpt.model.items()}
             dtypes = {k: v.dtype for k, v in ckpt.model.items()}

@@ -149,9 +149,10 @@ def resume_warnings(saved: dict, cfg, saved_ranks: int = 1, ranks: int = 1) -> l
     same_batches = per_update == cfg.update_freq * ranks
     sensitive = tuple(k for k in RESUME_SENSITIVE
                       if not (k == "update_freq" and saved_ranks != ranks and same_batches))
-    if changes(sensitive):
-        lines.append(f"warning: resuming with changed {changes(sensitive)}: the run "
-                     "will not match an uninterrupted one")
+    changed = changes(sensitive)
+    if changed:
+        lines.append(f"warning: resuming with changed {changed}: the run will not match an "
+                     "uninterrupted one")
     if saved_ranks != ranks:
         moved = (f"resuming on {ranks} rank(s) a run that trained on {saved_ranks}: the epoch "
                  "goes on from the batches its ranks had reached together")
@@ -163,8 +164,9 @@ def resume_warnings(saved: dict, cfg, saved_ranks: int = 1, ranks: int = 1) -> l
                     else f"no --update-freq on {ranks} rank(s) keeps them")
             lines.append(f"warning: {moved}, but an update now holds {cfg.update_freq * ranks} "
                          f"batches of --max-tokens where it held {per_update} ({keep})")
-    if changes(BUDGET_KEYS) and cfg.lr_schedule == "linear":
-        lines.append(f"warning: resuming with another budget, {changes(BUDGET_KEYS)}: the "
+    budget = changes(BUDGET_KEYS)
+    if budget and cfg.lr_schedule == "linear":
+        lines.append(f"warning: resuming with another budget, {budget}: the "
                      "linear schedule follows it from here (its learning rate is the one of "
                      "the share of the new budget spent, and reaches zero at its end)")
     return lines
