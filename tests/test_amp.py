@@ -3,8 +3,10 @@
 bf16 is emulated on NumPy (float32 values rounded to bf16); float16 is NumPy's own. The
 loss scaler is exercised with real float16 overflow, not with planted flags only.
 """
+import concurrent.futures
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -324,3 +326,27 @@ def test_the_device_scale_moves_before_the_host_learns_the_outcome(found, tracke
     assert scaler.scale == 64.0             # the host has not been told yet
     scaler.update(found_inf=found)
     assert device == scaler.scale == {True: 32.0, False: 128.0 if tracker == 2 else 64.0}[found]
+
+
+def test_fp16_on_the_cpu_is_named_slow_and_its_overflows_are_quiet_only_under_fp16():
+    """The warning of train.py and translate.py: fp16 on the CPU only (NumPy's float16 has
+    no BLAS); and the overflows that the loss scaler handles raise no NumPy warning under
+    fp16, in the calling thread or in the row-parallel ops' threads, while under any other
+    precision they still do."""
+    assert "no BLAS" in amp.speed_warning("fp16", "cpu")
+    assert amp.speed_warning(amp.Policy("fp16"), "cpu") == amp.speed_warning("fp16", "cpu")
+    for precision, device in [("fp16", "gpu"), ("bf16", "cpu"), ("float32", "cpu"),
+                              ("tf32", "cpu")]:
+        assert amp.speed_warning(precision, device) is None
+    big = np.array([60000.0], np.float16)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            with amp.overflows_expected("fp16"):
+                assert np.isinf(big * big).all()
+                assert np.isinf(pool.submit(lambda: big * big).result()).all()
+            for precision in ("bf16", "float32"):
+                with amp.overflows_expected(precision), pytest.raises(RuntimeWarning):
+                    big * big
+            with pytest.raises(RuntimeWarning):   # the filter ends with the block
+                big * big

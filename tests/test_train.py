@@ -2,6 +2,7 @@
 import dataclasses
 import importlib.util
 import json
+import io
 import math
 import os
 import pathlib
@@ -472,13 +473,17 @@ def test_a_second_training_on_one_run_directory_is_refused(data_dir, tmp_path):
     assert first.returncode == 143, stderr
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # float16 overflow is the point
+@pytest.mark.filterwarnings("error::RuntimeWarning")
 def test_fp16_training_skips_overflows_and_resumes_with_the_loss_scale(data_dir, tmp_path):
     """--precision fp16 (float16 on NumPy): the first steps overflow at the initial scale
     2^16 and are skipped with the scale halved, without counting as bad steps; the scale
-    is saved in the checkpoint and a resumed run starts from it."""
+    is saved in the checkpoint and a resumed run starts from it. The expected overflows
+    raise no NumPy warning (here an error), and the log warns of the CPU's float16 speed
+    before anything else is timed."""
     cfg = _config(data_dir, tmp_path / "fp16", max_steps=4, precision="fp16")
-    t = trainer.Trainer(cfg, log_stream=open(os.devnull, "w"))
+    log = io.StringIO()
+    t = trainer.Trainer(cfg, log_stream=log)
+    assert "warning: --precision fp16 on the CPU computes in NumPy's float16" in log.getvalue()
     summary = t.train()
     assert summary["steps"] == 4 and summary["precision"] == "fp16"
     scale = t.scaler.scale

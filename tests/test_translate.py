@@ -322,6 +322,19 @@ def test_cli_stdin_stdout_and_batch_sizes(run_dir, test_lines):
         assert proc.stdout == outs[0], workers
 
 
+def test_cli_fp16_on_the_cpu_warns_of_its_speed(run_dir, test_lines):
+    """--precision fp16 on the CPU runs NumPy's float16 (no BLAS): one warning line on
+    stderr, and the translations all the same; float32 and bf16 say nothing of speed."""
+    data = ("\n".join(test_lines[:2]) + "\n").encode()
+    for precision in ("fp16", "bf16", "float32"):
+        proc = run_cli("--model", run_dir, "--precision", precision, "--max-len-b", 4,
+                       "--quiet", "--workers", 1, stdin=data)
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert proc.stdout.count(b"\n") == 2
+        warned = b"warning: --precision fp16 on the CPU" in proc.stderr
+        assert warned == (precision == "fp16"), proc.stderr.decode()
+
+
 def test_cli_invalid_utf8(run_dir, tmp_path):
     src = tmp_path / "bad.txt"
     src.write_bytes(b"good line\n\xc3\x28 broken\nanother\n")

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import warnings
 
 import numpy as np
 
@@ -281,6 +282,40 @@ def cast_inputs(op: str, *tensors):
             return tensors
         return tuple(_cast(t, np.dtype(np.float32)) for t in tensors)
     return tensors
+
+
+def speed_warning(precision, device: str) -> str | None:
+    """A warning for a precision that makes ``device`` far slower than float32, else None.
+
+    On the CPU fp16 computes in NumPy's float16, which has no BLAS behind its products: a
+    training update of the ``tiny`` model takes about 80x as long as in float32, beam
+    search about 40x (docs/gpu.md, "Mixed precision (`tinytf/amp.py`)"). It reproduces
+    fp16's numerics and loss scaling, for checking them on a small model, not its speed.
+    """
+    if device != "cpu" or Policy(precision).name != "fp16":
+        return None
+    return ("warning: --precision fp16 on the CPU computes in NumPy's float16, which has no "
+            "BLAS: training about 80x and decoding about 40x slower than in float32 (fp16's "
+            "numerics, for checking them on a small model; not its speed). The CPU is "
+            "fastest in float32; bf16 is emulated there at about two thirds of its speed")
+
+
+@contextlib.contextmanager
+def overflows_expected(precision):
+    """NumPy's warnings of overflows and invalid values held back for the block under fp16.
+
+    There an overflow of the scaled gradients is expected: :class:`DynamicLossScaler`
+    finds it, the update is skipped and the log says so. A filter of the warnings
+    module, not ``numpy.errstate``, whose setting the row-parallel ops' threads would
+    not see. Under any other precision the block runs as it is.
+    """
+    if Policy(precision).name != "fp16":
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"(overflow|invalid value|divide by zero) "
+                                "encountered", RuntimeWarning)
+        yield
 
 
 # ----- dynamic loss scaling --------------------------------------------------------------

@@ -125,8 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                    default=d.precision,
                    help="float32; tf32 (float32 products on TF32 tensor cores); bf16 or fp16 "
                         "(16-bit products, float32 master weights; fp16 with dynamic loss "
-                        "scaling). On the CPU bf16 is emulated: right numerics, no speed-up "
-                        f"(default: {d.precision})")
+                        "scaling). On the CPU bf16 is emulated (right numerics, no speed-up) "
+                        "and fp16 runs NumPy's float16, which has no BLAS: about 80x slower "
+                        f"than float32, for checking fp16's numerics (default: {d.precision})")
     p.add_argument("--cuda-graph", action="store_true",
                    help="with --device gpu: replay each step's forward and backward as a CUDA "
                         "graph, one per padded batch shape (no launch cost per op; batches "
