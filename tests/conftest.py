@@ -1,10 +1,12 @@
-"""Shared test set-up: Hypothesis profiles, and the ``data_dir`` fixture of the training tests.
+"""Shared test set-up: Hypothesis profiles, the ``data_dir`` fixture of the training tests, and
+``cupy_without_a_gpu`` for the commands' ``--device gpu`` on a machine that cannot use one.
 
 Profiles: "ci" (default) keeps the suite fast on 2 cores; "dev" searches harder. Select one
 with HYPOTHESIS_PROFILE=dev. "ci" keeps no example database, so every run starts
 fresh; a failure prints the falsifying example and a reproduction blob.
 """
 import os
+import types
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -18,6 +20,11 @@ settings.register_profile(
 settings.register_profile("dev", max_examples=300, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+NO_DRIVER = RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient "
+                         "for CUDA runtime version")
+"""What CuPy 14's ``cuda.runtime.getDeviceCount()`` raises (a ``CUDARuntimeError``, which is
+a RuntimeError) on a machine whose driver is missing or older than the wheel's CUDA."""
 
 
 def _head(src, dst, n):
@@ -35,3 +42,23 @@ def data_dir(tmp_path_factory):
         _head(os.path.join(SHIPPED, f"train.{lang}"), d / f"train.{lang}", 120)
         _head(os.path.join(SHIPPED, f"dev.{lang}"), d / f"dev.{lang}", 6)
     return str(d)
+
+
+@pytest.fixture
+def cupy_without_a_gpu(monkeypatch):
+    """``install(device_count=None)``: for this test tinytf sees an installed CuPy whose
+    ``cuda.runtime.getDeviceCount()`` raises `NO_DRIVER` (None) or returns ``device_count``
+    (0: no GPU). Returns the words a command's error should give after "--device gpu"."""
+    from tinytf import backend  # noqa: PLC0415 (tinytf is imported by the tests, not here)
+
+    def install(device_count=None):
+        def get_device_count():
+            if device_count is None:
+                raise NO_DRIVER
+            return device_count
+        runtime = types.SimpleNamespace(getDeviceCount=get_device_count)
+        monkeypatch.setattr(backend, "_cupy", types.SimpleNamespace(
+            cuda=types.SimpleNamespace(runtime=runtime), ndarray=type("ndarray", (), {})))
+        return (f"finds no usable GPU ({NO_DRIVER})" if device_count is None
+                else "finds no GPU (CUDA counts none)")
+    return install

@@ -1,11 +1,12 @@
 """train.py and tinytf.trainer: exact resume, CLI smoke run, clear errors, non-finite steps."""
 import dataclasses
 import importlib.util
-import json
 import io
+import json
 import math
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -189,6 +190,23 @@ def test_device_gpu_without_cupy_is_a_usage_error(data_dir, tmp_path):
     assert result.returncode == 2 and "--device gpu needs CuPy: pip install 'tinytf[gpu]'" \
         in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "gpu").exists()
+
+
+@pytest.mark.parametrize("device_count", [None, 0])
+def test_device_gpu_without_a_usable_gpu_is_a_usage_error(data_dir, tmp_path, capsys,
+                                                          cupy_without_a_gpu, device_count):
+    """--device gpu where CuPy is installed but CUDA cannot count a GPU (no driver, or one
+    older than the wheel's CUDA runtime) or counts none: one line that says so, exit 2,
+    before any work (no run directory); the library's Trainer says the same."""
+    words = "--device gpu " + cupy_without_a_gpu(device_count)
+    out = tmp_path / "gpu"
+    code, _, err = _train_main(capsys, "--data", data_dir, "--out", str(out), "--device",
+                               "gpu", "--max-steps", "1")
+    assert code == 2 and err.strip().endswith(f": error: {words}"), err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+    with pytest.raises(TrainError, match=re.escape(words)):
+        trainer.Trainer(_config(data_dir, out, max_steps=1, device="gpu"))
+    assert not out.exists()
 
 
 def test_unknown_set_key_is_an_error(tmp_path, capsys):

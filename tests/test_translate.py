@@ -335,6 +335,21 @@ def test_cli_fp16_on_the_cpu_warns_of_its_speed(run_dir, test_lines):
         assert warned == (precision == "fp16"), proc.stderr.decode()
 
 
+@pytest.mark.parametrize("device_count", [None, 0])
+def test_cli_device_gpu_without_a_usable_gpu_writes_nothing(run_dir, tmp_path, capsys,
+                                                            cupy_without_a_gpu, device_count):
+    """--device gpu where CuPy is installed but CUDA cannot use a GPU: one line, exit 2,
+    before any file is opened (the --output is not created)."""
+    from tinytf.commands import translate as command  # noqa: PLC0415
+    words = "--device gpu " + cupy_without_a_gpu(device_count)
+    out = tmp_path / "out.de"
+    code = command.main(["--model", str(run_dir), "--input", str(DATA / "test.en"),
+                         "--output", str(out), "--device", "gpu"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().endswith(f": error: {words}"), err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
 def test_cli_invalid_utf8(run_dir, tmp_path):
     src = tmp_path / "bad.txt"
     src.write_bytes(b"good line\n\xc3\x28 broken\nanother\n")

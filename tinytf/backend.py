@@ -34,6 +34,25 @@ def _import_cupy():
     return _cupy
 
 
+def gpu_unusable() -> str | None:
+    """Why ``--device gpu`` cannot run here, as words that follow "--device gpu", or None.
+
+    CuPy missing; or CUDA failing to count the GPUs (no driver, a driver older than the
+    CUDA runtime of the installed CuPy wheel, a broken installation) or counting none.
+    Asking for the count makes no CUDA context: no rank takes memory on a GPU by asking.
+    """
+    try:
+        cupy = _import_cupy()
+    except RuntimeError:
+        return ("needs CuPy: pip install 'tinytf[gpu]' (cupy-cuda12x; or the CuPy wheel of "
+                "your CUDA)")
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001 - CUDARuntimeError, or CUDA libraries not loading
+        return f"finds no usable GPU ({e})"
+    return None if count > 0 else "finds no GPU (CUDA counts none)"
+
+
 def default_device() -> str:
     """The device named by ``TINYTF_DEVICE`` ("cpu" or "gpu"); "cpu" when unset."""
     device = os.environ.get("TINYTF_DEVICE", "cpu").lower()

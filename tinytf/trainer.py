@@ -102,9 +102,9 @@ class Trainer:
         if importlib.util.find_spec("sacrebleu") is None:   # not after the training
             raise TrainError("sacrebleu is not installed: the dev and test BLEU need it "
                              "(pip install sacrebleu, or pip install -e . in the project)")
-        if self.device == "gpu" and importlib.util.find_spec("cupy") is None:   # nor later
-            raise TrainError("--device gpu needs CuPy: pip install 'tinytf[gpu]' "
-                             "(cupy-cuda12x; or the CuPy wheel of your CUDA)")
+        problem = backend.gpu_unusable() if self.device == "gpu" else None   # nor later
+        if problem is not None:
+            raise TrainError(f"--device gpu {problem}")
         paths = data_paths(cfg)     # (a missing file fails before the directory is made)
         self.cfg, self.lock = claim_run_dir(cfg, self.comm)  # --resume settled, locked
         cfg = self.cfg

@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 
-from tinytf import distributed
+from tinytf import backend, distributed
 from tinytf.bpe import BPEFileError
 from tinytf.checkpoint import CheckpointError
 from tinytf.data import DataError
@@ -197,6 +197,10 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     given = given_options(sys.argv[1:] if argv is None else argv)
     if args.device == "gpu":  # read by tinytf.backend and by distributed.init (GPU choice)
+        problem = backend.gpu_unusable()    # before mpirun's ranks choose their GPUs
+        if problem is not None:
+            print(f"{_prog()}: error: --device gpu {problem}", file=sys.stderr)
+            return 2
         os.environ["TINYTF_DEVICE"] = "gpu"
     comm = distributed.init()
     with comm.guard():

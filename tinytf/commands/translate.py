@@ -218,6 +218,9 @@ def main(argv=None) -> int:
     out = infile = None
     done = 0
     try:
+        problem = backend.gpu_unusable() if args.device == "gpu" else None
+        if problem is not None:     # before any file is opened or written
+            raise TranslationError(f"--device gpu {problem}")
         references = read_text_lines(args.reference, args.errors) if args.reference else None
         fd, infile = _open_input(args.input)
         out = _open_output(args.output, [("--input", args.input),
