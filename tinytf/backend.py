@@ -37,8 +37,8 @@ def _import_cupy():
 def gpu_unusable() -> str | None:
     """Why ``--device gpu`` cannot run here, as words that follow "--device gpu", or None.
 
-    CuPy missing; or CUDA failing to count the GPUs (no driver, a driver older than the
-    CUDA runtime of the installed CuPy wheel, a broken installation) or counting none.
+    CuPy missing or failing to import; or CUDA failing to count the GPUs (no driver, a
+    driver older than the CUDA runtime of the installed CuPy wheel) or counting none.
     Asking for the count makes no CUDA context: no rank takes memory on a GPU by asking.
     """
     try:
@@ -46,6 +46,8 @@ def gpu_unusable() -> str | None:
     except RuntimeError:
         return ("needs CuPy: pip install 'tinytf[gpu]' (cupy-cuda12x; or the CuPy wheel of "
                 "your CUDA)")
+    except Exception as e:  # noqa: BLE001 - installed, but failing to load its libraries
+        return f"cannot import CuPy ({type(e).__name__}: {e})"
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # noqa: BLE001 - CUDARuntimeError, or CUDA libraries not loading
