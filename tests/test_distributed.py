@@ -350,6 +350,31 @@ def test_a_run_of_two_ranks_resumes_in_one_process(train_runs, tmp_path):
 
 
 @requires_mpi
+def test_a_resumed_gpu_run_takes_one_gpu_per_rank_without_device_gpu(train_runs, tmp_path):
+    """``mpirun -n 2 train.py --out RUN --resume`` where RUN trained on the GPU (its
+    checkpoint's device) and ``--device gpu`` is not given again: each rank makes its own
+    GPU current (local rank % GPUs), as with ``--device gpu``, not both the first. The CuPy
+    stand-in with two devices; train.py's main runs up to the training, which a probe
+    replaces (tests/mpi_scripts/gpu_choice.py)."""
+    ckpt = checkpoint.load(str(train_runs["dir"] / "a" / checkpoint.LAST))
+    meta = {**ckpt.meta, "train_config": {**ckpt.meta["train_config"], "device": "gpu"}}
+    run = tmp_path / "gpu-run"
+    run.mkdir()
+    checkpoint.save(str(run / checkpoint.LAST), ckpt.model, optim_state=ckpt.optim, meta=meta)
+    env = {**os.environ, "TINYTF_STANDIN_GPUS": "2",
+           "PYTHONPATH": os.pathsep.join([os.path.join(HERE, "standin"),
+                                          os.environ.get("PYTHONPATH", "")])}
+    env.pop("TINYTF_DEVICE", None)
+    script = os.path.join(SCRIPTS, "gpu_choice.py")
+    for given in ([], ["--device", "gpu"]):
+        code, out, _ = run_mpi([script, "--out", str(run), "--resume", *given], env=env)
+        assert code == 0, out[-3000:]
+        seen = [json.loads(line) for line in out.splitlines() if line.startswith('{"rank"')]
+        assert sorted((r["rank"], r["gpu"], r["device"]) for r in seen) == \
+            [(0, 0, "gpu"), (1, 1, "gpu")], (given, out[-3000:])
+
+
+@requires_mpi
 def test_train_py_error_on_every_rank_exits_non_zero(tmp_path):
     if not os.path.isfile(os.path.join(ROOT, "train.py")):
         pytest.skip("train.py is not there yet")

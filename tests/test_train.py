@@ -209,6 +209,22 @@ def test_device_gpu_without_a_usable_gpu_is_a_usage_error(data_dir, tmp_path, ca
     assert not out.exists()
 
 
+def test_device_defaults_to_tinytf_device(monkeypatch, capsys):
+    """--device defaults to $TINYTF_DEVICE (README: ``--device gpu`` or ``TINYTF_DEVICE=gpu``),
+    in train.py as in translate.py; another value than cpu or gpu is a usage error."""
+    from tinytf.commands import train as train_command, translate as translate_command
+    for command in (train_command, translate_command):
+        monkeypatch.delenv("TINYTF_DEVICE", raising=False)
+        assert command.build_parser().get_default("device") == "cpu"
+        monkeypatch.setenv("TINYTF_DEVICE", "gpu")
+        assert command.build_parser().get_default("device") == "gpu"
+        monkeypatch.setenv("TINYTF_DEVICE", "tpu")
+        with pytest.raises(SystemExit) as stop:
+            command.build_parser()
+        assert stop.value.code == 2
+        assert "TINYTF_DEVICE must be 'cpu' or 'gpu', got 'tpu'" in capsys.readouterr().err
+
+
 def test_unknown_set_key_is_an_error(tmp_path, capsys):
     code, _, err = _train_main(capsys, "--out", str(tmp_path / "r"), "--set", "d_modle=64")
     assert code == 2 and "d_modle" in err and "d_model" in err

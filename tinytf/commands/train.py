@@ -18,6 +18,7 @@ import sys
 
 from tinytf import backend, distributed
 from tinytf.bpe import BPEFileError
+from tinytf.commands import default_device
 from tinytf.checkpoint import CheckpointError
 from tinytf.data import DataError
 from tinytf.schedule import SCHEDULES
@@ -119,8 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init-from", metavar="RUNDIR|CHECKPOINT",
                    help="start a new run from another run's weights (fine-tuning): the same "
                         "model shape, and its BPE model (copied into RUNDIR)")
-    p.add_argument("--device", choices=["cpu", "gpu"], default=d.device,
-                   help=f"NumPy or CuPy (default: {d.device})")
+    p.add_argument("--device", choices=["cpu", "gpu"], default=default_device(),
+                   help="NumPy or CuPy; a resumed run keeps its own unless this is given "
+                        "(default: $TINYTF_DEVICE or cpu)")
     p.add_argument("--precision", choices=["float32", "tf32", "bf16", "fp16"],
                    default=d.precision,
                    help="float32; tf32 (float32 products on TF32 tensor cores); bf16 or fp16 "
@@ -191,6 +193,19 @@ def _prog() -> str:
     return os.path.basename(sys.argv[0]) or "train.py"
 
 
+def _gpu_of_a_resumed_run(comm) -> None:
+    """A run resumed without ``--device gpu`` that trains on the GPU (its checkpoint's
+    device): the check that ``--device gpu`` has before any work, and under mpirun each
+    rank's own GPU, which ``distributed.init`` chose only where ``--device gpu`` or
+    ``TINYTF_DEVICE=gpu`` said so (else every rank would train on the node's first GPU)."""
+    problem = backend.gpu_unusable()
+    if problem is not None:
+        raise TrainError(f"--device gpu (the resumed run's) {problem}")
+    os.environ["TINYTF_DEVICE"] = "gpu"
+    if comm.size > 1:
+        comm.select_gpu()
+
+
 def main(argv=None) -> int:
     """Run the command line; returns the exit status (0 done, 2 usage or data error,
     128 + N stopped by signal N with its checkpoint, 130 interrupted before training)."""
@@ -206,6 +221,8 @@ def main(argv=None) -> int:
     with comm.guard():
         try:
             cfg = config_from_args(args, given)
+            if cfg.device == "gpu" and args.device != "gpu":
+                _gpu_of_a_resumed_run(comm)
             summary = train(cfg, comm=comm, process_exits=True)
         except USER_ERRORS as e:
             if comm.size > 1:

@@ -22,6 +22,7 @@ import sys
 
 from tinytf import amp, backend
 from tinytf.bpe import BPEFileError
+from tinytf.commands import default_device
 from tinytf.fast.transposed import transposed_weights
 from tinytf.search import Hypothesis
 from tinytf.translation import (
@@ -69,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(natural log, summed over the tokens and </s>) of the line of FILE "
                         "as its translation (forced decoding, as fairseq-generate "
                         "--score-reference and marian-scorer)")
-    p.add_argument("--device", choices=("cpu", "gpu"), default=backend.default_device(),
+    p.add_argument("--device", choices=("cpu", "gpu"), default=default_device(),
                    help="where to run the model (default: $TINYTF_DEVICE or cpu)")
     p.add_argument("--precision", choices=("float32", "tf32", "bf16", "fp16"),
                    default="float32",

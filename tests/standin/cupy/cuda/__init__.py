@@ -1,4 +1,6 @@
-"""cupy.cuda of the stand-in: one device, one stream, events that have always passed."""
+"""cupy.cuda of the stand-in: devices that all run on the CPU (one, or
+``$TINYTF_STANDIN_GPUS``: ``runtime.getDevice()`` tells which one ``Device(i).use()`` made
+current), one stream, events that have always passed."""
 import contextlib as _contextlib
 
 from . import device, runtime  # noqa: F401
@@ -9,7 +11,7 @@ class Device:
         self.id = index
 
     def use(self):
-        pass
+        runtime.current = self.id
 
     def synchronize(self):
         pass
