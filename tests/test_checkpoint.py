@@ -1,5 +1,6 @@
 """Checkpoints: pickle-free npz layout, exact round trip, atomic writes, keep-last, averaging."""
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -213,6 +214,24 @@ def test_average(tmp_path):
     np.testing.assert_allclose(ckpt.model["embed.weight"], expected.astype(np.float32))
     assert ckpt.meta["averaged_from"] == ["checkpoint_2.npz", "checkpoint_3.npz"]
     assert zipfile.is_zipfile(out)
+
+    # An average (no optimizer state) never replaces a checkpoint it averages, nor takes
+    # the name of a run's own checkpoints, which --resume and translate.py read.
+    before = {p: pathlib.Path(p).read_bytes() for p in paths}
+    for inputs, output, words in [
+            ([str(tmp_path), "--num", "2"], tmp_path / checkpoint.LAST, "the name of a run's"),
+            ([str(tmp_path), "--num", "2"], tmp_path / "avg" / checkpoint.BEST, "the name of"),
+            ([str(tmp_path), "--num", "2"], tmp_path / "avg" / "checkpoint_9.npz", "the name"),
+            ([paths[0], str(out)], out, "is one of the checkpoints averaged"),
+            ([str(tmp_path), "--num", "0"], tmp_path / "avg" / "zero.npz", "--num must be")]:
+        result = subprocess.run(
+            [sys.executable, "-m", "tinytf.commands.average", "--inputs", *inputs,
+             "--output", str(output)], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and words in result.stderr, result.stderr
+        assert "tinytf-average: error: " in result.stderr
+    assert {p: pathlib.Path(p).read_bytes() for p in paths} == before
+    assert not (tmp_path / checkpoint.LAST).exists() and checkpoint.load(out).meta[
+        "averaged_from"] == ["checkpoint_2.npz", "checkpoint_3.npz"]
 
 
 def test_a_failed_write_names_the_file_and_keeps_the_old_checkpoint(tmp_path):

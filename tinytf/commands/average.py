@@ -5,7 +5,8 @@ the last 5 checkpoints, written at 10-minute intervals, for the base model; 20 f
     tinytf-average --inputs a.npz b.npz c.npz --output avg.npz
 
 The output is an ordinary tinytf checkpoint (model parameters, config and BPE reference, no
-optimizer state) that translate.py reads like any other. translate.py --average K does the same
+optimizer state) that translate.py reads like any other; it may not replace a checkpoint it
+averages nor take the name of a run's own checkpoints. translate.py --average K does the same
 on the fly.
 """
 import argparse
@@ -15,15 +16,35 @@ import sys
 from tinytf import checkpoint
 
 
+def refuse_overwriting(output, paths) -> None:
+    """CheckpointError if ``output`` would replace one of the checkpoints averaged
+    (``paths``) or take a name that a run gives its own checkpoints (checkpoint_last.npz,
+    checkpoint_best.npz, checkpoint_N.npz): the average has no optimizer or data state,
+    and in a run directory --resume, translate.py --model and --average read those names."""
+    for path in paths:
+        if os.path.exists(output) and os.path.samefile(output, path):
+            raise checkpoint.CheckpointError(
+                f"--output {output} is one of the checkpoints averaged; name another file "
+                "(e.g. RUNDIR/averaged.npz)")
+    name = os.path.basename(output)
+    if name in (checkpoint.LAST, checkpoint.BEST) or checkpoint.step_of(name) is not None:
+        raise checkpoint.CheckpointError(
+            f"--output {output}: {name} is the name of a run's own checkpoints, which "
+            "--resume and translate.py read; name the average otherwise (e.g. "
+            "RUNDIR/averaged.npz)")
+
+
 def main(argv=None) -> int:
     """Run the command line; returns the exit status (0 done, 2 a checkpoint error)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="tinytf-average", description=__doc__.split("\n\n")[0])
     p.add_argument("--inputs", nargs="+", required=True,
                    help="a run directory (its numbered checkpoints) or checkpoint files")
     p.add_argument("--num", type=int, default=5,
                    help="with a run directory: average its last NUM numbered checkpoints")
     p.add_argument("--output", required=True, help="where to write the averaged checkpoint")
     args = p.parse_args(argv)
+    if args.num < 1:
+        p.error(f"--num must be at least 1, got {args.num}")
     try:
         if len(args.inputs) == 1 and os.path.isdir(args.inputs[0]):
             paths = checkpoint.list_checkpoints(args.inputs[0])
@@ -34,6 +55,7 @@ def main(argv=None) -> int:
             paths = paths[-args.num:]
         else:
             paths = args.inputs
+        refuse_overwriting(args.output, paths)    # before any is read
         averaged = checkpoint.average(paths)
         meta = dict(averaged.meta)
         bpe = meta.get("bpe") or {}
