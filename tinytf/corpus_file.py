@@ -30,7 +30,7 @@ import shutil
 
 import numpy as np
 
-from .data import ParallelCorpus
+from .data import DataError, ParallelCorpus
 
 FORMAT = "tinytf-corpus"
 VERSION = 1
@@ -82,18 +82,40 @@ class CorpusWriter:
 
     def add(self, src, src_lengths, tgt, tgt_lengths, kept) -> None:
         """Append pairs: ``src``/``tgt`` their ids concatenated, ``*_lengths`` per pair,
-        ``kept`` their line numbers."""
-        for side, ids, lengths in (("src", src, src_lengths), ("tgt", tgt, tgt_lengths)):
-            np.asarray(ids, dtype=self.dtype).tofile(self._files[f"{side}.bin"])
-            offsets = self.tokens[side] + np.cumsum(lengths, dtype=np.int64)
-            offsets.tofile(self._files[f"{side}.idx"])
-            self.tokens[side] += int(np.sum(lengths, dtype=np.int64))
-        np.asarray(kept, dtype=np.int64).tofile(self._files["kept.bin"])
+        ``kept`` their line numbers. A write that fails (a full disk) is a DataError."""
+        try:
+            for side, ids, lengths in (("src", src, src_lengths), ("tgt", tgt, tgt_lengths)):
+                np.asarray(ids, dtype=self.dtype).tofile(self._files[f"{side}.bin"])
+                offsets = self.tokens[side] + np.cumsum(lengths, dtype=np.int64)
+                offsets.tofile(self._files[f"{side}.idx"])
+                self.tokens[side] += int(np.sum(lengths, dtype=np.int64))
+            np.asarray(kept, dtype=np.int64).tofile(self._files["kept.bin"])
+        except OSError as e:
+            raise self._write_error(e) from None
         self.pairs += len(kept)
+
+    def _write_error(self, error: OSError) -> DataError:
+        """One line for a write that failed: the corpus, the reason, what was written and
+        what is free there (NumPy's short write says only "N requested and M written")."""
+        written = sum(f.tell() for f in self._files.values() if not f.closed)
+        try:
+            free = f", {shutil.disk_usage(self.tmp).free / 2**20:,.0f} MiB free there"
+        except OSError:
+            free = ""
+        return DataError(f"{self.path}: cannot write the encoded corpus: "
+                         f"{error.strerror or error} ({written / 2**20:,.1f} MiB written so "
+                         f"far{free}); nothing of it is kept, and the next start encodes the "
+                         "text again")
 
     def finish(self, header: dict) -> None:
         """Write the header (``header`` plus the format and counts) and rename the directory
         into place, replacing an older corpus there."""
+        try:
+            self._finish(header)
+        except OSError as e:
+            raise self._write_error(e) from None
+
+    def _finish(self, header: dict) -> None:
         for f in self._files.values():
             f.flush()
             os.fsync(f.fileno())
