@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import re
+import resource
 import select
 import signal
 import subprocess
@@ -348,6 +349,30 @@ def test_cli_device_gpu_without_a_usable_gpu_writes_nothing(run_dir, tmp_path, c
     err = capsys.readouterr().err
     assert code == 2 and err.strip().endswith(f": error: {words}"), err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_cli_a_full_disk_is_one_line_naming_the_output(run_dir, test_lines, tmp_path):
+    """A write the file system refuses (here a file-size limit, as a full disk refuses):
+    one line naming the output and the lines that are whole in it, exit 2, no traceback
+    (the close after the failed write raised again, from ``finally``)."""
+    src = tmp_path / "in.en"
+    src.write_text("\n".join(test_lines) * 8 + "\n", encoding="utf-8")
+    out = tmp_path / "out.de"
+
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)     # EFBIG instead of a signal
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))
+
+    proc = subprocess.run([sys.executable, str(ROOT / "translate.py"), "--model", str(run_dir),
+                           "--input", str(src), "--output", str(out), "--max-len-b", "4",
+                           "--buffer-size", "4", "--quiet"], capture_output=True, cwd=ROOT,
+                          timeout=300, preexec_fn=limit_file_size)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    assert err.startswith(f"translate.py: error: {out}: cannot write the output: File too "
+                          "large (the first "), err
+    whole = int(err.split("(the first ")[1].split()[0])
+    assert whole % 4 == 0 and out.read_bytes().count(b"\n") >= whole
 
 
 def test_cli_invalid_utf8(run_dir, tmp_path):

@@ -148,6 +148,30 @@ def _open_output(path, keep=()):
         raise TranslationError(f"{path}: cannot write: {e.strerror}") from None
 
 
+def _write(out, lines, path, whole: int) -> None:
+    """Write ``lines`` (each with its newline) to ``out`` and flush them; a write the file
+    system refuses (a full disk) is a TranslationError naming the output and the ``whole``
+    lines written before these, which are complete in it."""
+    try:
+        out.write("".join(lines).encode("utf-8"))
+        out.flush()
+    except BrokenPipeError:
+        raise                           # the reader went away: main ends quietly
+    except OSError as e:
+        where = "the standard output" if path == "-" else path
+        raise TranslationError(f"{where}: cannot write the output: {e.strerror or e} (the "
+                               f"first {whole:,} lines are whole in it)") from None
+
+
+def _close(out) -> None:
+    """Close an output file. Every block was flushed when it was written, so a failure here
+    is that of a block whose write already failed and was reported: nothing more to say."""
+    try:
+        out.close()
+    except OSError:
+        pass
+
+
 def _format(translator, results, nbest: int, first: int) -> list[str]:
     """Output lines: the best translation per input line, or Moses n-best lines
     ``LINE ||| text ||| LogProb=log P Len=tokens ||| score`` (LINE counting from 0 over the
@@ -178,8 +202,7 @@ def _score_reference(args, translator, fd, out, name) -> int:
                                    f"the model scores at most {limit}")
         encoded.append(ids)
     scores = translator.score_ids(sources, encoded, args.batch_size or 64)
-    out.write("".join(f"{x:.4f}\n" for x in scores).encode("utf-8"))
-    out.flush()
+    _write(out, [f"{x:.4f}\n" for x in scores], args.output, 0)
     return len(lines)
 
 
@@ -257,9 +280,8 @@ def main(argv=None) -> int:
                 sources = translator.encode_lines(lines, name)
                 results = translator.translate_ids(sources, options, args.batch_size,
                                                    args.max_tokens, workers=workers)
-                out.write("".join(line + "\n" for line in _format(
-                    translator, results, args.nbest, done)).encode("utf-8"))
-                out.flush()
+                _write(out, [line + "\n" for line in _format(
+                    translator, results, args.nbest, done)], args.output, done)
                 if args.print_attention:
                     _write_svgs(translator, sources, results, args.print_attention, done + 1)
                 if references is not None:
@@ -288,7 +310,7 @@ def main(argv=None) -> int:
         if infile is not None:
             infile.close()
         if out is not None and out is not sys.stdout.buffer:
-            out.close()
+            _close(out)
     return 0
 
 
