@@ -637,27 +637,27 @@ def test_command_line(tmp_path, sample, monkeypatch, capsys):
     capsys.readouterr()
     good = " ".join(bpe.encode_pieces("ok")).encode()
     assert run_cli(monkeypatch, ["decode", "--model", str(model)],
-                   good + b"\nno_such_piece\n")[0] == 1
+                   good + b"\nno_such_piece\n")[0] == 2
     assert "<stdin>:2: " in capsys.readouterr().err
     for workers in ("1", "2"):   # with workers: one line from this process, no worker's
         assert run_cli(monkeypatch, ["encode", "--model", str(tmp_path / "none.json"),
-                                     "--workers", workers])[0] == 1
+                                     "--workers", workers])[0] == 2
         err = capsys.readouterr().err
         assert f"error: {tmp_path / 'none.json'}: No such file" in err and "Trace" not in err
-    assert run_cli(monkeypatch, ["decode", "--model", str(model), "--ids"], b"5 x\n")[0] == 1
+    assert run_cli(monkeypatch, ["decode", "--model", str(model), "--ids"], b"5 x\n")[0] == 2
     assert "<stdin>:1: 'x' is not an id (--ids reads integers)" in capsys.readouterr().err
     # An --input that is no file is an error, not a line of text to learn from.
     missing = tmp_path / "missing.txt"
     for workers in ("1", "2"):
         assert run_cli(monkeypatch, ["learn", "--input", str(corpus), str(missing), "--output",
-                                     str(tmp_path / "m.json"), "--workers", workers])[0] == 1
+                                     str(tmp_path / "m.json"), "--workers", workers])[0] == 2
         assert f"--input {missing}: no such file" in capsys.readouterr().err
     assert not (tmp_path / "m.json").exists()
     nowhere = tmp_path / "no_such_dir" / "m.json"
-    assert run_cli(monkeypatch, ["learn", "--input", str(corpus), "--output", str(nowhere)])[0] == 1
+    assert run_cli(monkeypatch, ["learn", "--input", str(corpus), "--output", str(nowhere)])[0] == 2
     assert f"error: {nowhere}: No such file or directory" in capsys.readouterr().err
     before = corpus.read_bytes()
-    assert run_cli(monkeypatch, ["learn", "--input", str(corpus), "--output", str(corpus)])[0] == 1
+    assert run_cli(monkeypatch, ["learn", "--input", str(corpus), "--output", str(corpus)])[0] == 2
     assert "is the --input file" in capsys.readouterr().err and corpus.read_bytes() == before
     # A vocabulary the text cannot fill: the pieces learnt, of how many asked, and why.
     few = tmp_path / "few.txt"

@@ -13,8 +13,8 @@ import pytest
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tinytf")
 
 LAYERS = [
-    ("foundation", ["backend", "dispatch", "schedule", "checkpoint", "plot", "workers", "bpe",
-                    "text"]),
+    ("foundation", ["backend", "dispatch", "schedule", "checkpoint", "plot", "workers",
+                    "streams", "bpe", "text"]),
     ("engine", ["tensor", "ops", "gradcheck"]),
     ("functional", ["functional", "nn"]),
     ("optim", ["optim"]),

@@ -351,10 +351,14 @@ def test_cli_device_gpu_without_a_usable_gpu_writes_nothing(run_dir, tmp_path, c
     assert len(err.strip().splitlines()) == 1 and not out.exists()
 
 
-def test_cli_a_full_disk_is_one_line_naming_the_output(run_dir, test_lines, tmp_path):
+@pytest.mark.parametrize("to_stdout", [False, True])
+def test_cli_a_full_disk_is_one_line_naming_the_output(run_dir, test_lines, tmp_path,
+                                                      to_stdout):
     """A write the file system refuses (here a file-size limit, as a full disk refuses):
     one line naming the output and the lines that are whole in it, exit 2, no traceback
-    (the close after the failed write raised again, from ``finally``)."""
+    (the close after the failed write raised again, from ``finally``); through a redirected
+    standard output too, where CPython's buffered writer dropped the rest of the block
+    without an error and the command exited 0 (tinytf.streams)."""
     src = tmp_path / "in.en"
     src.write_text("\n".join(test_lines) * 8 + "\n", encoding="utf-8")
     out = tmp_path / "out.de"
@@ -363,16 +367,19 @@ def test_cli_a_full_disk_is_one_line_naming_the_output(run_dir, test_lines, tmp_
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)     # EFBIG instead of a signal
         resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))
 
-    proc = subprocess.run([sys.executable, str(ROOT / "translate.py"), "--model", str(run_dir),
-                           "--input", str(src), "--output", str(out), "--max-len-b", "4",
-                           "--buffer-size", "4", "--quiet"], capture_output=True, cwd=ROOT,
-                          timeout=300, preexec_fn=limit_file_size)
+    argv = [sys.executable, str(ROOT / "translate.py"), "--model", str(run_dir), "--input",
+            str(src), "--max-len-b", "4", "--buffer-size", "64", "--quiet"]
+    with open(out if to_stdout else os.devnull, "wb") as stdout:
+        proc = subprocess.run(argv + ([] if to_stdout else ["--output", str(out)]),
+                              stdout=stdout, stderr=subprocess.PIPE, cwd=ROOT, timeout=300,
+                              preexec_fn=limit_file_size)
     err = proc.stderr.decode()
+    where = "the standard output" if to_stdout else str(out)
     assert proc.returncode == 2 and "Traceback" not in err, err
-    assert err.startswith(f"translate.py: error: {out}: cannot write the output: File too "
+    assert err.startswith(f"translate.py: error: {where}: cannot write the output: File too "
                           "large (the first "), err
     whole = int(err.split("(the first ")[1].split()[0])
-    assert whole % 4 == 0 and out.read_bytes().count(b"\n") >= whole
+    assert whole % 64 == 0 and out.read_bytes().count(b"\n") >= whole
 
 
 def test_cli_invalid_utf8(run_dir, tmp_path):

@@ -25,6 +25,7 @@ from tinytf.bpe import BPEFileError
 from tinytf.commands import default_device
 from tinytf.fast.transposed import transposed_weights
 from tinytf.search import Hypothesis
+from tinytf.streams import write_all
 from tinytf.translation import (
     Progress, SearchOptions, TranslationError, Translator, corpus_bleu, corpus_chrf,
     read_text_lines, stream_line_blocks)
@@ -149,12 +150,12 @@ def _open_output(path, keep=()):
 
 
 def _write(out, lines, path, whole: int) -> None:
-    """Write ``lines`` (each with its newline) to ``out`` and flush them; a write the file
-    system refuses (a full disk) is a TranslationError naming the output and the ``whole``
-    lines written before these, which are complete in it."""
+    """Write ``lines`` (each with its newline) to ``out``, all of them
+    (:func:`tinytf.streams.write_all`); a write the file system refuses (a full disk) is a
+    TranslationError naming the output and the ``whole`` lines written before these, which
+    are complete in it."""
     try:
-        out.write("".join(lines).encode("utf-8"))
-        out.flush()
+        write_all(out, "".join(lines).encode("utf-8"))
     except BrokenPipeError:
         raise                           # the reader went away: main ends quietly
     except OSError as e:

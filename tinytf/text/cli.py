@@ -14,7 +14,35 @@ import pathlib
 import sys
 import time
 
+from tinytf.streams import write_all
 from tinytf.workers import ordered_map
+
+
+class _OutputError(Exception):
+    """The standard output refused a write (a full disk, a quota): its reason."""
+
+
+def _write(text: str) -> None:
+    """``text`` to the standard output, all of it (:func:`tinytf.streams.write_all`); a
+    refused write is an `_OutputError` (a closed pipe stays a BrokenPipeError, which ends
+    the command quietly)."""
+    try:
+        sys.stdout.flush()
+        write_all(sys.stdout.buffer, text.encode("utf-8"))
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise _OutputError(e.strerror or str(e)) from None
+
+
+def _drop_stdout() -> None:
+    """Point the standard output at /dev/null: what it still buffers can no longer be
+    written, and Python's own flush at exit must not report it a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):   # not a file (tests give a buffer)
+        pass
 
 
 def _stdin_lines():
@@ -85,13 +113,13 @@ def _encode(args):
     _load_encoder(args.model, args.ids)   # ... here first: a bad model is one error, not N
     for text in ordered_map(_encode_block, _batches(_stdin_lines()), args.workers,
                             _load_encoder, (args.model, args.ids)):
-        sys.stdout.write(text)
+        _write(text)
 
 
 def _decode(args):
     from tinytf.text.bpe import BPE
     bpe = BPE.load(args.model)
-    out = sys.stdout
+    block = []
     for line_no, line in enumerate(_stdin_lines(), 1):
         tokens = line.split()
         as_ids = args.ids or (not args.pieces and all(t.isdigit() for t in tokens))
@@ -105,8 +133,11 @@ def _decode(args):
                 text = bpe.decode_pieces(tokens)
         except ValueError as e:
             raise ValueError(f"<stdin>:{line_no}: {e}") from None
-        out.write(text)
-        out.write("\n")
+        block.append(text + "\n")
+        if len(block) == 10_000:
+            _write("".join(block))
+            block = []
+    _write("".join(block))
 
 
 def build_parser():
@@ -143,20 +174,31 @@ def build_parser():
 
 
 def main(argv=None):
-    """Run the command line; returns the exit status (errors go to stderr, no traceback)."""
-    args = build_parser().parse_args(argv)
+    """Run the command line; returns the exit status, as every tinytf command: 0 done, 2 a
+    data or usage error (one line on stderr naming the file, no traceback), 130 Ctrl-C,
+    141 a closed output pipe (quietly)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(encoding="utf-8", newline="\n")
     try:
         args.run(args)
+    except BrokenPipeError:             # the reader went away (| head): a shell tool's end
+        _drop_stdout()
+        return 128 + 13
+    except _OutputError as e:
+        _drop_stdout()
+        print(f"{parser.prog}: error: the standard output: cannot write: {e}",
+              file=sys.stderr)
+        return 2
     except OSError as e:
-        print(f"error: {e.filename}: {e.strerror}" if e.filename and e.strerror
-              else f"error: {e}", file=sys.stderr)
-        return 1
+        print(f"{parser.prog}: error: {e.filename}: {e.strerror}" if e.filename and e.strerror
+              else f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(f"{parser.prog}: interrupted", file=sys.stderr)
         return 128 + 2                  # SIGINT
     return 0
