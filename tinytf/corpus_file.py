@@ -97,15 +97,15 @@ class CorpusWriter:
     def _write_error(self, error: OSError) -> DataError:
         """One line for a write that failed: the corpus, the reason, what was written and
         what is free there (NumPy's short write says only "N requested and M written")."""
-        written = sum(f.tell() for f in self._files.values() if not f.closed)
         try:
-            free = f", {shutil.disk_usage(self.tmp).free / 2**20:,.0f} MiB free there"
+            written = sum(os.path.getsize(os.path.join(self.tmp, name)) for name in self._files)
+            sizes = f" ({written / 2**20:,.1f} MiB written so far, " \
+                    f"{shutil.disk_usage(self.tmp).free / 2**20:,.0f} MiB free there)"
         except OSError:
-            free = ""
+            sizes = ""
         return DataError(f"{self.path}: cannot write the encoded corpus: "
-                         f"{error.strerror or error} ({written / 2**20:,.1f} MiB written so "
-                         f"far{free}); nothing of it is kept, and the next start encodes the "
-                         "text again")
+                         f"{error.strerror or error}{sizes}; nothing of it is kept, and the "
+                         "next start encodes the text again")
 
     def finish(self, header: dict) -> None:
         """Write the header (``header`` plus the format and counts) and rename the directory

@@ -119,7 +119,8 @@ def _encode(args):
 def _decode(args):
     from tinytf.text.bpe import BPE
     bpe = BPE.load(args.model)
-    block = []
+    # Written in blocks of about 64 KiB; on a terminal line by line, as it is typed.
+    block, size, limit = [], 0, 1 if sys.stdout.isatty() else 1 << 16
     for line_no, line in enumerate(_stdin_lines(), 1):
         tokens = line.split()
         as_ids = args.ids or (not args.pieces and all(t.isdigit() for t in tokens))
@@ -134,9 +135,10 @@ def _decode(args):
         except ValueError as e:
             raise ValueError(f"<stdin>:{line_no}: {e}") from None
         block.append(text + "\n")
-        if len(block) == 10_000:
+        size += len(text) + 1
+        if size >= limit:
             _write("".join(block))
-            block = []
+            block, size = [], 0
     _write("".join(block))
 
 
