@@ -652,6 +652,9 @@ def test_command_line(tmp_path, sample, monkeypatch, capsys):
         assert run_cli(monkeypatch, ["learn", "--input", str(corpus), str(missing), "--output",
                                      str(tmp_path / "m.json"), "--workers", workers])[0] == 2
         assert f"--input {missing}: no such file" in capsys.readouterr().err
+    assert run_cli(monkeypatch, ["learn", "--input", str(tmp_path), "--output",
+                                 str(tmp_path / "m.json")])[0] == 2
+    assert f"--input {tmp_path}: a directory, not a file" in capsys.readouterr().err
     assert not (tmp_path / "m.json").exists()
     nowhere = tmp_path / "no_such_dir" / "m.json"
     assert run_cli(monkeypatch, ["learn", "--input", str(corpus), "--output", str(nowhere)])[0] == 2

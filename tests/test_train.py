@@ -178,6 +178,10 @@ def test_bad_data_files_are_named(data_dir, tmp_path, capsys):
     code, _, err = _train_main(capsys, "--data", str(bad), "--out", str(tmp_path / "r4"),
                                "--max-steps", "1")
     assert code == 2 and "dev.en" in err and "no such file" in err, err
+    (bad / "dev.en").mkdir()
+    code, _, err = _train_main(capsys, "--data", str(bad), "--out", str(tmp_path / "r5"),
+                               "--max-steps", "1")
+    assert code == 2 and "dev.en: a directory, not a file" in err, err
 
 
 def test_device_gpu_without_cupy_is_a_usage_error(data_dir, tmp_path):

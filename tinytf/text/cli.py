@@ -74,7 +74,8 @@ def _learn(args):
     start = time.perf_counter()
     for path in args.input:   # (BPE.learn would take a list of names that are not files as text)
         if not os.path.isfile(path):
-            raise ValueError(f"--input {path}: no such file")
+            raise ValueError(f"--input {path}: " + ("a directory, not a file"
+                                                    if os.path.isdir(path) else "no such file"))
         if os.path.exists(args.output) and os.path.samefile(path, args.output):
             raise ValueError(f"--output {args.output} is the --input file {path}: writing the "
                              "model would replace it; choose another --output")
