@@ -1,11 +1,14 @@
-"""Shared test set-up: Hypothesis profiles, the ``data_dir`` fixture of the training tests, and
-``cupy_without_a_gpu`` for the commands' ``--device gpu`` on a machine that cannot use one.
+"""Shared test set-up: Hypothesis profiles, the ``data_dir`` fixture of the training tests,
+``cupy_without_a_gpu`` for the commands' ``--device gpu`` on a machine that cannot use one, and
+``file_size_limit`` for a subprocess whose writes a file system refuses, as a full disk does.
 
 Profiles: "ci" (default) keeps the suite fast on 2 cores; "dev" searches harder. Select one
 with HYPOTHESIS_PROFILE=dev. "ci" keeps no example database, so every run starts
 fresh; a failure prints the falsifying example and a reproduction blob.
 """
 import os
+import resource
+import signal
 import types
 
 import pytest
@@ -62,3 +65,19 @@ def cupy_without_a_gpu(monkeypatch):
         return (f"finds no usable GPU ({NO_DRIVER})" if device_count is None
                 else "finds no GPU (CUDA counts none)")
     return install
+
+
+def _file_size_limit(limit: int):
+    """A ``preexec_fn`` for ``subprocess``: the child may write no file past ``limit`` bytes,
+    and a write that would gets EFBIG (SIGXFSZ ignored, which would kill it): the short write,
+    then the refusal, that a full disk gives."""
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+@pytest.fixture
+def file_size_limit():
+    """``file_size_limit(limit)``: a ``preexec_fn`` (see `_file_size_limit`)."""
+    return _file_size_limit

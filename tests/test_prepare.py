@@ -111,7 +111,7 @@ def test_a_failed_preparation_keeps_the_previous_corpus(bpe_path, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["c"]
 
 
-def test_a_full_disk_is_one_error_naming_the_corpus(bpe_path, tmp_path):
+def test_a_full_disk_is_one_error_naming_the_corpus(bpe_path, tmp_path, file_size_limit):
     """A write that the file system refuses (here a file-size limit, as a full disk refuses:
     NumPy's short write says only "N requested and M written") is one DataError naming the
     corpus, what was written and the free space; the unfinished corpus is removed and a
@@ -120,19 +120,17 @@ def test_a_full_disk_is_one_error_naming_the_corpus(bpe_path, tmp_path):
     prepare_corpus(*PAIR, bpe_path, out, 128, workers=1)
     before = read_header(out)
     code = f"""
-import resource, signal, sys
+import sys
 sys.path.insert(0, {ROOT!r})
 from tinytf.data import DataError
 from tinytf.prepare import prepare_corpus
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)          # EFBIG instead of a signal
-resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
 try:
     prepare_corpus({PAIR[0]!r}, {PAIR[1]!r}, {bpe_path!r}, {out!r}, 128, workers=1)
 except DataError as e:
     print(e)
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120)
+                            timeout=120, preexec_fn=file_size_limit(100_000))
     assert result.returncode == 0, result.stderr
     message = result.stdout.strip()
     assert message.startswith(f"{os.path.abspath(out)}: cannot write the encoded corpus: ")

@@ -3,8 +3,6 @@ cuts short (here a file-size limit, as a full disk does) ends in an error, never
 truncated output and exit status 0 (what CPython's buffered standard output gave)."""
 import io
 import os
-import resource
-import signal
 import subprocess
 import sys
 
@@ -18,31 +16,28 @@ DATA = os.path.join(ROOT, "data", "ende")
 LIMIT = 3000    # bytes a process may write to any file
 
 
-def _limit_file_size():
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)     # EFBIG instead of a signal
-    resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
+@pytest.fixture
+def run_limited(file_size_limit):
+    """``run(argv, stdout_path, stdin_path=None)``: Python with ``argv``, its standard output
+    redirected to ``stdout_path``, no file past `LIMIT` bytes."""
+    def run(argv, stdout_path, stdin_path=None):
+        with open(stdout_path, "wb") as out, open(stdin_path or os.devnull, "rb") as inp:
+            return subprocess.run([sys.executable, *argv], stdin=inp, stdout=out,
+                                  stderr=subprocess.PIPE, cwd=ROOT, timeout=300,
+                                  preexec_fn=file_size_limit(LIMIT))
+    return run
 
 
-def _run(argv, stdout_path, stdin_path=None):
-    """``argv`` with its standard output redirected to ``stdout_path`` under the limit."""
-    with open(stdout_path, "wb") as out, open(stdin_path or os.devnull, "rb") as inp:
-        return subprocess.run([sys.executable, *argv], stdin=inp, stdout=out,
-                              stderr=subprocess.PIPE, cwd=ROOT, timeout=300,
-                              preexec_fn=_limit_file_size)
-
-
-def test_write_all_writes_everything_or_raises(tmp_path):
+def test_write_all_writes_everything_or_raises(tmp_path, run_limited):
     data = bytes(range(256)) * 40                       # 10,240 bytes, above the limit
-    code = ("import sys, resource, signal\n"
+    code = ("import sys\n"
             f"sys.path.insert(0, {ROOT!r})\n"
             "from tinytf.streams import write_all\n"
-            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({LIMIT}, {LIMIT}))\n"
             "try:\n"
-            f"    write_all(sys.stdout.buffer, bytes(range(256)) * 40)\n"
+            "    write_all(sys.stdout.buffer, bytes(range(256)) * 40)\n"
             "except OSError as e:\n"
             "    print(e.errno, file=sys.stderr); sys.exit(3)\n")
-    result = _run(["-c", code], tmp_path / "out")
+    result = run_limited(["-c", code], tmp_path / "out")
     assert result.returncode == 3, result.stderr
     assert (tmp_path / "out").read_bytes() == data[:LIMIT]
     buffer = io.BytesIO()                               # no descriptor: an ordinary write
@@ -64,7 +59,7 @@ def bpe_model(tmp_path_factory):
 
 
 @pytest.mark.parametrize("command", ["encode", "decode"])
-def test_bpe_on_a_full_standard_output_is_an_error(bpe_model, tmp_path, command):
+def test_bpe_on_a_full_standard_output_is_an_error(bpe_model, tmp_path, run_limited, command):
     source = os.path.join(DATA, "dev.en")
     if command == "decode":
         pieces = tmp_path / "pieces"
@@ -72,7 +67,8 @@ def test_bpe_on_a_full_standard_output_is_an_error(bpe_model, tmp_path, command)
             subprocess.run([sys.executable, "-m", "tinytf.bpe", "encode", "--model", bpe_model],
                            stdin=inp, stdout=out, check=True, cwd=ROOT, timeout=120)
         source = str(pieces)
-    result = _run(["-m", "tinytf.bpe", command, "--model", bpe_model], tmp_path / "out", source)
+    result = run_limited(["-m", "tinytf.bpe", command, "--model", bpe_model], tmp_path / "out",
+                         source)
     err = result.stderr.decode()
     assert result.returncode == 2, err
     assert err == ("python -m tinytf.bpe: error: the standard output: cannot write: File too "

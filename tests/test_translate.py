@@ -10,7 +10,6 @@ import dataclasses
 import json
 import os
 import re
-import resource
 import select
 import signal
 import subprocess
@@ -353,7 +352,7 @@ def test_cli_device_gpu_without_a_usable_gpu_writes_nothing(run_dir, tmp_path, c
 
 @pytest.mark.parametrize("to_stdout", [False, True])
 def test_cli_a_full_disk_is_one_line_naming_the_output(run_dir, test_lines, tmp_path,
-                                                      to_stdout):
+                                                       file_size_limit, to_stdout):
     """A write the file system refuses (here a file-size limit, as a full disk refuses):
     one line naming the output and the lines that are whole in it, exit 2, no traceback
     (the close after the failed write raised again, from ``finally``); through a redirected
@@ -363,16 +362,12 @@ def test_cli_a_full_disk_is_one_line_naming_the_output(run_dir, test_lines, tmp_
     src.write_text("\n".join(test_lines) * 8 + "\n", encoding="utf-8")
     out = tmp_path / "out.de"
 
-    def limit_file_size():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)     # EFBIG instead of a signal
-        resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))
-
     argv = [sys.executable, str(ROOT / "translate.py"), "--model", str(run_dir), "--input",
             str(src), "--max-len-b", "4", "--buffer-size", "64", "--quiet"]
     with open(out if to_stdout else os.devnull, "wb") as stdout:
         proc = subprocess.run(argv + ([] if to_stdout else ["--output", str(out)]),
                               stdout=stdout, stderr=subprocess.PIPE, cwd=ROOT, timeout=300,
-                              preexec_fn=limit_file_size)
+                              preexec_fn=file_size_limit(200))
     err = proc.stderr.decode()
     where = "the standard output" if to_stdout else str(out)
     assert proc.returncode == 2 and "Traceback" not in err, err
