@@ -229,6 +229,36 @@ def test_device_defaults_to_tinytf_device(monkeypatch, capsys):
         assert "TINYTF_DEVICE must be 'cpu' or 'gpu', got 'tpu'" in capsys.readouterr().err
 
 
+def test_a_log_that_cannot_be_written_never_stops_the_training(data_dir, tmp_path):
+    """train.py 2>&1 | head (or a tee whose reader ended, a closed terminal): its stderr
+    pipe closes after a few lines and the run goes on to its end, the lines in train.log
+    after a note of the closed stream (it died with exit 1 at the next line). And a log
+    file the disk refuses is warned of once, the training going on."""
+    out = tmp_path / "run"
+    argv = [sys.executable, os.path.join(ROOT, "train.py"), "--data", data_dir, "--out",
+            str(out), "--max-steps", "3", "--log-interval", "1",
+            *[a for kv in TINY for a in ("--set", kv)]]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr.readline()
+    proc.stderr.close()
+    assert proc.wait(timeout=120) == 0
+    log = (out / "train.log").read_text(encoding="utf-8")
+    assert "the log's stream stopped taking lines ([Errno 32] Broken pipe)" in log
+    assert "stopped (max_steps) at step 3" in log
+    assert json.loads((out / "summary.json").read_text())["steps"] == 3
+
+    from tinytf.train_log import Logger
+    stream = io.StringIO()
+    logger = Logger(str(tmp_path / "no_such_dir"), stream=stream)
+    for i in range(3):
+        logger.info(f"line {i}")
+        logger.record(step=i)
+    lines = stream.getvalue().splitlines()
+    assert lines[1].startswith("warning: cannot write ") and "train.log" in lines[1]
+    assert sum("cannot write" in line for line in lines) == 2      # once per file
+    assert [line for line in lines if line.startswith("line")] == ["line 0", "line 1", "line 2"]
+
+
 def test_unknown_set_key_is_an_error(tmp_path, capsys):
     code, _, err = _train_main(capsys, "--out", str(tmp_path / "r"), "--set", "d_modle=64")
     assert code == 2 and "d_modle" in err and "d_model" in err

@@ -28,27 +28,55 @@ def format_seconds(seconds: float) -> str:
 
 class Logger:
     """Log lines to stderr and RUNDIR/train.log, records to RUNDIR/log.jsonl; silent on
-    ranks other than 0 (stdout is kept for the final JSON summary)."""
+    ranks other than 0 (stdout is kept for the final JSON summary).
+
+    A log that cannot be written never stops the training: a stream that went away (a
+    closed pipe: ``train.py 2>&1 | tee`` whose reader ended, a closed terminal) is left,
+    and the lines go on in train.log; a file the disk refuses (full) is warned of once on
+    the stream and tried again at every line."""
 
     def __init__(self, run_dir, enabled=True, stream=None):
         self.enabled = enabled
         self.stream = stream or sys.stderr
         self.text_path = os.path.join(run_dir, "train.log")
         self.json_path = os.path.join(run_dir, "log.jsonl")
+        self._failed = set()        # the files whose last write failed (warned of once)
 
     def info(self, message: str) -> None:
         """One human-readable line (in train.log after a local timestamp)."""
         if not self.enabled:
             return
-        print(message, file=self.stream, flush=True)
-        with open(self.text_path, "a", encoding="utf-8") as f:
-            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} | {message}\n")
+        if self.stream is not None:
+            try:
+                print(message, file=self.stream, flush=True)
+            except (OSError, ValueError) as e:      # a closed pipe, or a closed file
+                self.stream = None
+                self._append(self.text_path, f"{time.strftime('%Y-%m-%d %H:%M:%S')} | the "
+                             f"log's stream stopped taking lines ({e}); they go on here "
+                             "only\n")
+        self._append(self.text_path, f"{time.strftime('%Y-%m-%d %H:%M:%S')} | {message}\n")
 
     def record(self, **values) -> None:
         """One machine-readable record (read back by the plot at the end)."""
         if self.enabled:
-            with open(self.json_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(values, allow_nan=True) + "\n")
+            self._append(self.json_path, json.dumps(values, allow_nan=True) + "\n")
+
+    def _append(self, path: str, text: str) -> None:
+        """``text`` at the end of ``path``; a refused write is warned of on the stream, once
+        until a write there succeeds again."""
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as e:
+            if path not in self._failed and self.stream is not None:
+                try:
+                    print(f"warning: cannot write {path} ({e.strerror or e}); the training "
+                          "goes on", file=self.stream, flush=True)
+                except (OSError, ValueError):
+                    self.stream = None
+            self._failed.add(path)
+        else:
+            self._failed.discard(path)
 
     def records(self) -> list[dict]:
         """Every record written so far in this run directory (earlier runs included)."""

@@ -193,6 +193,15 @@ def _prog() -> str:
     return os.path.basename(sys.argv[0]) or "train.py"
 
 
+def _drop_stdout() -> None:
+    """Point the standard output at /dev/null, so that Python's flush at exit does not
+    report the closed pipe a second time."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def _gpu_of_a_resumed_run(comm) -> None:
     """A run resumed without ``--device gpu`` that trains on the GPU (its checkpoint's
     device): the check that ``--device gpu`` has before any work, and under mpirun each
@@ -237,7 +246,10 @@ def main(argv=None) -> int:
             print(f"{_prog()}: interrupted; no update to save", file=sys.stderr)
             return 128 + signal.SIGINT
         if comm.is_root:
-            print(json.dumps(summary, sort_keys=True), flush=True)
+            try:
+                print(json.dumps(summary, sort_keys=True), flush=True)
+            except BrokenPipeError:     # its reader went away; RUNDIR/summary.json has it
+                _drop_stdout()
     if summary["stopped"] == "signal":   # the requeue's cue: 128 + the signal's number
         return 128 + (summary.get("signal") or signal.SIGTERM)
     return 0
