@@ -6,12 +6,14 @@ first 8 KiB of a block arrived, the rest was gone and the command exited 0 (meas
 8 KiB tmpfs, CPython 3.11). :func:`write_all` writes a block straight to the stream's file
 descriptor instead, repeating a short write until all of it is written or the file system
 says why not (an OSError: ``ENOSPC``, ``EDQUOT``, ``EFBIG``), which the command reports.
+:func:`drop_stdout` is what a command does once its standard output is gone.
 """
 from __future__ import annotations
 
 import errno
 import io
 import os
+import sys
 
 
 def write_all(stream, data: bytes) -> None:
@@ -31,3 +33,14 @@ def write_all(stream, data: bytes) -> None:
         if written == 0:    # a file system that neither writes nor says why
             raise OSError(errno.EIO, os.strerror(errno.EIO))
         view = view[written:]
+
+
+def drop_stdout() -> None:
+    """Point the standard output at /dev/null, once its reader went away (a closed pipe) or
+    its disk refused a write: what it still buffers cannot be written, and Python's own
+    flush at exit must not report that a second time. A standard output without a file
+    descriptor (a test's buffer) is left as it is."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass

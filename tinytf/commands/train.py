@@ -22,6 +22,7 @@ from tinytf.commands import default_device
 from tinytf.checkpoint import CheckpointError
 from tinytf.data import DataError
 from tinytf.schedule import SCHEDULES
+from tinytf.streams import drop_stdout
 from tinytf.run import train
 from tinytf.run_dir import resumed_config
 from tinytf.train_config import OPTIMIZERS, TrainConfig, TrainError, apply_overrides
@@ -193,15 +194,6 @@ def _prog() -> str:
     return os.path.basename(sys.argv[0]) or "train.py"
 
 
-def _drop_stdout() -> None:
-    """Point the standard output at /dev/null, so that Python's flush at exit does not
-    report the closed pipe a second time."""
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
-
-
 def _gpu_of_a_resumed_run(comm) -> None:
     """A run resumed without ``--device gpu`` that trains on the GPU (its checkpoint's
     device): the check that ``--device gpu`` has before any work, and under mpirun each
@@ -249,7 +241,7 @@ def main(argv=None) -> int:
             try:
                 print(json.dumps(summary, sort_keys=True), flush=True)
             except BrokenPipeError:     # its reader went away; RUNDIR/summary.json has it
-                _drop_stdout()
+                drop_stdout()
     if summary["stopped"] == "signal":   # the requeue's cue: 128 + the signal's number
         return 128 + (summary.get("signal") or signal.SIGTERM)
     return 0

@@ -25,7 +25,7 @@ from tinytf.bpe import BPEFileError
 from tinytf.commands import default_device
 from tinytf.fast.transposed import transposed_weights
 from tinytf.search import Hypothesis
-from tinytf.streams import write_all
+from tinytf.streams import drop_stdout, write_all
 from tinytf.translation import (
     Progress, SearchOptions, TranslationError, Translator, corpus_bleu, corpus_chrf,
     read_text_lines, stream_line_blocks)
@@ -296,8 +296,7 @@ def main(argv=None) -> int:
             _print_scores(args, best, references, done)
     except BrokenPipeError:
         # The reader went away (| head, | true): end quietly, as a shell tool does.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        drop_stdout()
         return 128 + 13
     except (TranslationError, BPEFileError, OSError) as e:
         print(f"{_prog()}: error: {e}", file=sys.stderr)

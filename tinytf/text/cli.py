@@ -14,7 +14,7 @@ import pathlib
 import sys
 import time
 
-from tinytf.streams import write_all
+from tinytf.streams import drop_stdout, write_all
 from tinytf.workers import ordered_map
 
 
@@ -33,16 +33,6 @@ def _write(text: str) -> None:
         raise
     except OSError as e:
         raise _OutputError(e.strerror or str(e)) from None
-
-
-def _drop_stdout() -> None:
-    """Point the standard output at /dev/null: what it still buffers can no longer be
-    written, and Python's own flush at exit must not report it a second time."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):   # not a file (tests give a buffer)
-        pass
 
 
 def _stdin_lines():
@@ -187,10 +177,10 @@ def main(argv=None):
     try:
         args.run(args)
     except BrokenPipeError:             # the reader went away (| head): a shell tool's end
-        _drop_stdout()
+        drop_stdout()
         return 128 + 13
     except _OutputError as e:
-        _drop_stdout()
+        drop_stdout()
         print(f"{parser.prog}: error: the standard output: cannot write: {e}",
               file=sys.stderr)
         return 2
