@@ -1,9 +1,9 @@
 """Writing a command's output so that a write the disk refuses is never lost in silence.
 
-CPython's buffered writer can drop the rest of a large write that the file system cut short:
-translating or encoding into a redirected standard output on a disk about to fill, the
-first 8 KiB of a block arrived, the rest was gone and the command exited 0 (measured with a
-8 KiB tmpfs, CPython 3.11). :func:`write_all` writes a block straight to the stream's file
+CPython's buffered standard output can drop, without an error, the rest of a large write
+that the file system cuts short: into a redirected standard output on an 8 KiB tmpfs
+(CPython 3.11), ``write(1, ..., 22527)`` returns 8192, the rest of the block is gone and
+the command exits 0. :func:`write_all` writes a block straight to the stream's file
 descriptor instead, repeating a short write until all of it is written or the file system
 says why not (an OSError: ``ENOSPC``, ``EDQUOT``, ``EFBIG``), which the command reports.
 :func:`drop_stdout` is what a command does once its standard output is gone.
