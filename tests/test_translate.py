@@ -377,6 +377,21 @@ def test_cli_a_full_disk_is_one_line_naming_the_output(run_dir, test_lines, tmp_
     assert whole % 64 == 0 and out.read_bytes().count(b"\n") >= whole
 
 
+def test_cli_a_closed_stderr_stops_nothing(run_dir, test_lines, tmp_path):
+    """``translate.py --output F 2>&1 | tee`` whose reader ended: the progress and summary
+    lines find no reader, and the translation still ends whole, exit 0 (the summary line's
+    BrokenPipeError was taken for a closed output: exit 141)."""
+    src = tmp_path / "in.en"
+    src.write_text("\n".join(test_lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.de"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "translate.py"), "--model",
+                             str(run_dir), "--input", str(src), "--output", str(out),
+                             "--max-len-b", "4"], cwd=ROOT, stderr=subprocess.PIPE)
+    proc.stderr.close()
+    assert proc.wait(timeout=300) == 0
+    assert out.read_bytes().count(b"\n") == len(test_lines)
+
+
 def test_cli_invalid_utf8(run_dir, tmp_path):
     src = tmp_path / "bad.txt"
     src.write_bytes(b"good line\n\xc3\x28 broken\nanother\n")

@@ -241,7 +241,7 @@ class Translator:
         self.bpe = bpe
         self.device = device
         self.precision = amp.Policy(precision)
-        self.warn = lambda message: print(f"warning: {message}", file=sys.stderr)
+        self.warn = lambda message: note(f"warning: {message}")
 
     @classmethod
     def load(cls, path, average: int = 1, device: str = "cpu",
@@ -412,6 +412,15 @@ def corpus_chrf(hypotheses, references):
     return score, str(chrf.get_signature())
 
 
+def note(text: str, stream=None) -> None:
+    """``text`` as a line on ``stream`` (stderr); a stream that went away (a closed pipe:
+    ``2>&1 | tee`` whose reader ended) takes no more lines and stops nothing."""
+    try:
+        print(text, file=stream or sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 class Progress:
     """Prints ``done/total sentences, rate, elapsed, time to go`` to stderr at most every
     ``every`` seconds."""
@@ -431,8 +440,8 @@ class Progress:
             of = "" if total is None else f"/{total:,}"
             left = "" if total is None or not done else \
                 f", about {(total - done) / rate:.0f} s to go"
-            print(f"translated {done:,}{of} sentences, {rate:.1f} sentences/s, "
-                  f"{elapsed:.0f} s elapsed{left}", file=self.stream, flush=True)
+            note(f"translated {done:,}{of} sentences, {rate:.1f} sentences/s, "
+                 f"{elapsed:.0f} s elapsed{left}", self.stream)
 
     def summary(self, total: int) -> str:
         """The closing line: sentences, seconds, sentences per second."""

@@ -27,7 +27,7 @@ from tinytf.fast.transposed import transposed_weights
 from tinytf.search import Hypothesis
 from tinytf.streams import drop_stdout, write_all
 from tinytf.translation import (
-    Progress, SearchOptions, TranslationError, Translator, corpus_bleu, corpus_chrf,
+    Progress, SearchOptions, TranslationError, Translator, corpus_bleu, corpus_chrf, note,
     read_text_lines, stream_line_blocks)
 from tinytf.workers import thread_budget
 
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
                                      precision=args.precision)
         warning = amp.speed_warning(args.precision, args.device)
         if warning:
-            print(warning, file=sys.stderr)
+            note(warning)
         options = SearchOptions(beam_size=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
                                 max_len_b=args.max_len_b, nbest=args.nbest)
         if args.score_reference:
@@ -291,7 +291,7 @@ def main(argv=None) -> int:
                 if progress is not None:
                     progress(done, None)
         if progress is not None:
-            print(progress.summary(done), file=sys.stderr)
+            note(progress.summary(done))
         if references is not None:
             _print_scores(args, best, references, done)
     except BrokenPipeError:
