@@ -318,6 +318,15 @@ def overflows_expected(precision):
         yield
 
 
+@contextlib.contextmanager
+def training_autocast(precision):
+    """:func:`autocast` for a training step's forward, backward and update: under fp16
+    with :func:`overflows_expected` too, since the loss scaler handles the step's overflows
+    (validation and decoding use :func:`autocast` alone, and still warn)."""
+    with autocast(precision), overflows_expected(precision):
+        yield
+
+
 # ----- dynamic loss scaling --------------------------------------------------------------
 
 class DynamicLossScaler:

@@ -250,7 +250,7 @@ class Trainer:
         seconds = []
         for batch in itertools.islice(probe, 4):
             t0 = time.perf_counter()
-            with amp.autocast(self.policy), amp.overflows_expected(self.policy):
+            with amp.training_autocast(self.policy):
                 loss_sum, _ = Trainer.run_batches(self, [batch], seed=cfg.seed)  # eager
             float(loss_sum)                         # (waits for a GPU)
             seconds.append(time.perf_counter() - t0)
@@ -357,7 +357,7 @@ class Trainer:
                               f"{self.model_cfg.dropout:g} from here on")
             self._dropout = dropout
         self.model.train(dropout)
-        with amp.autocast(self.policy), amp.overflows_expected(self.policy):
+        with amp.training_autocast(self.policy):
             loss_sum, tokens = self.run_batches(batches, seed)
         # The token counts are known on the host: their sum needs no wait for the GPU.
         return loss_sum, self.comm.allreduce_scalars(float(tokens))
@@ -391,7 +391,7 @@ class Trainer:
         fp16 an overflow also lowers the device copy of the loss scale at once.
         """
         xp = backend.get_array_module(loss_sum)
-        with amp.autocast(self.policy), amp.overflows_expected(self.policy):
+        with amp.training_autocast(self.policy):
             first = next(p.grad for _, p in self.params if p.grad is not None)
             with np.errstate(invalid="ignore"):      # 0 * inf is the point
                 # (A view of the first entry, whatever the layout: an integer index would
