@@ -6,7 +6,8 @@ that the file system cuts short: into a redirected standard output on an 8 KiB t
 the command exits 0. :func:`write_all` writes a block straight to the stream's file
 descriptor instead, repeating a short write until all of it is written or the file system
 says why not (an OSError: ``ENOSPC``, ``EDQUOT``, ``EFBIG``), which the command reports.
-:func:`drop_stdout` is what a command does once its standard output is gone.
+:func:`drop_stdout` is what a command does once its standard output is gone, and
+:func:`note` writes a line for a human (progress, a warning) to a stream that may be gone.
 """
 from __future__ import annotations
 
@@ -44,3 +45,14 @@ def drop_stdout() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
         pass
+
+
+def note(text: str, stream=None) -> Exception | None:
+    """``text`` as a line on ``stream`` (stderr). A stream that went away (a closed pipe:
+    ``2>&1 | tee`` whose reader ended; a closed file) takes no line and stops nothing:
+    returns what it raised, None when the line was written."""
+    try:
+        print(text, file=stream or sys.stderr, flush=True)
+    except (OSError, ValueError) as e:
+        return e
+    return None

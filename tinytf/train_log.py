@@ -9,6 +9,8 @@ import os
 import sys
 import time
 
+from .streams import note
+
 
 def count_of(n, unit: str) -> str:
     """``"1 minute"``, ``"2.5 minutes"``, ``"1,000 steps"``: a number and its unit, plural
@@ -46,14 +48,11 @@ class Logger:
         """One human-readable line (in train.log after a local timestamp)."""
         if not self.enabled:
             return
-        if self.stream is not None:
-            try:
-                print(message, file=self.stream, flush=True)
-            except (OSError, ValueError) as e:      # a closed pipe, or a closed file
-                self.stream = None
-                self._append(self.text_path, f"{time.strftime('%Y-%m-%d %H:%M:%S')} | the "
-                             f"log's stream stopped taking lines ({e}); they go on here "
-                             "only\n")
+        error = note(message, self.stream) if self.stream is not None else None
+        if error is not None:                       # a closed pipe, or a closed file
+            self.stream = None
+            self._append(self.text_path, f"{time.strftime('%Y-%m-%d %H:%M:%S')} | the log's "
+                         f"stream stopped taking lines ({error}); they go on here only\n")
         self._append(self.text_path, f"{time.strftime('%Y-%m-%d %H:%M:%S')} | {message}\n")
 
     def record(self, **values) -> None:
@@ -68,12 +67,10 @@ class Logger:
             with open(path, "a", encoding="utf-8") as f:
                 f.write(text)
         except OSError as e:
-            if path not in self._failed and self.stream is not None:
-                try:
-                    print(f"warning: cannot write {path} ({e.strerror or e}); the training "
-                          "goes on", file=self.stream, flush=True)
-                except (OSError, ValueError):
-                    self.stream = None
+            if path not in self._failed and self.stream is not None and note(
+                    f"warning: cannot write {path} ({e.strerror or e}); the training goes "
+                    "on", self.stream) is not None:
+                self.stream = None
             self._failed.add(path)
         else:
             self._failed.discard(path)

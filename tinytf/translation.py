@@ -29,6 +29,7 @@ from .bpe import BOS_ID, BPE, EOS_ID, PAD_ID, UNK_ID
 from .decode_workers import translate_batches
 from .fast.transposed import transposed_weights
 from .search import Hypothesis, beam_search
+from .streams import note
 from .tensor import Tensor, no_grad
 from .transformer import Transformer, TransformerConfig
 
@@ -410,15 +411,6 @@ def corpus_chrf(hypotheses, references):
     chrf = sacrebleu.metrics.CHRF()
     score = chrf.corpus_score(list(hypotheses), [list(references)])
     return score, str(chrf.get_signature())
-
-
-def note(text: str, stream=None) -> None:
-    """``text`` as a line on ``stream`` (stderr); a stream that went away (a closed pipe:
-    ``2>&1 | tee`` whose reader ended) takes no more lines and stops nothing."""
-    try:
-        print(text, file=stream or sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 class Progress:

@@ -25,9 +25,9 @@ from tinytf.bpe import BPEFileError
 from tinytf.commands import default_device
 from tinytf.fast.transposed import transposed_weights
 from tinytf.search import Hypothesis
-from tinytf.streams import drop_stdout, write_all
+from tinytf.streams import drop_stdout, note, write_all
 from tinytf.translation import (
-    Progress, SearchOptions, TranslationError, Translator, corpus_bleu, corpus_chrf, note,
+    Progress, SearchOptions, TranslationError, Translator, corpus_bleu, corpus_chrf,
     read_text_lines, stream_line_blocks)
 from tinytf.workers import thread_budget
 
