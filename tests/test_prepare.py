@@ -2,6 +2,7 @@
 worker processes, memory-mapped, checked against its sources; and train.py's use of it."""
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -250,7 +251,8 @@ def test_prepare_command_readies_a_run_directory(data_dir, tmp_path):
                            "--out", out, "--vocab-size", "300", "--workers", "2"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert prep.returncode == 0, prep.stderr
-    assert sorted(os.listdir(out)) == ["bpe.json", "config.json", "corpus", "train.lock"]
+    assert sorted(os.listdir(out)) == ["bpe.json", "bpe.source.json", "config.json",
+                                       "corpus", "train.lock"]
     other = _train("--data", data_dir, "--out", out, "--max-steps", "1", *TINY,
                    "--vocab-size", "400")
     assert other.returncode == 2 and "was learnt for --vocab-size 300, this run asks for " \
@@ -259,6 +261,17 @@ def test_prepare_command_readies_a_run_directory(data_dir, tmp_path):
     assert run.returncode == 0, run.stderr
     assert "learning a joint BPE" not in run.stderr and "encoding" not in run.stderr
     assert f"BPE: {os.path.join(out, 'bpe.json')} (300 pieces)" in run.stderr
+    # A changed text: a run's BPE stays (its checkpoints use it); the corpus is encoded again.
+    model = pathlib.Path(out, "bpe.json").read_bytes()
+    for lang, line in (("en", "One more line.\n"), ("de", "Noch eine Zeile.\n")):
+        with open(os.path.join(data_dir, f"train.{lang}"), "a", encoding="utf-8") as f:
+            f.write(line)
+    again = subprocess.run([sys.executable, "-m", "tinytf.commands.prepare", "--data", data_dir,
+                            "--out", out, "--vocab-size", "300"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "learning" not in again.stderr and \
+        "changed since it was prepared" in again.stderr, again.stderr
+    assert pathlib.Path(out, "bpe.json").read_bytes() == model
     bad = subprocess.run([sys.executable, "-m", "tinytf.commands.prepare", "--data",
                           str(tmp_path / "none"), "--out", out], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)

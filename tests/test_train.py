@@ -1005,30 +1005,53 @@ def test_init_from_starts_a_new_run_from_another_runs_weights(data_dir, tmp_path
         trainer.Trainer(cfg, log_stream=open(os.devnull, "w"))
 
 
-def test_a_failed_start_leaves_no_bpe_and_a_stale_bpe_is_refused(data_dir, tmp_path):
-    """A corpus that yields no training pair (CR-only line ends: one huge line per side)
-    fails the start, and the BPE model learnt from it is removed again; a bpe.json learnt
-    for another --vocab-size is refused for a new run instead of silently reused."""
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    for name in os.listdir(data_dir):
-        text = (pathlib.Path(data_dir) / name).read_text(encoding="utf-8")
-        (bad / name).write_text(text.replace("\n", "\r") if name.startswith("train") else text,
-                                encoding="utf-8")
-    with pytest.raises(TrainError):
-        trainer.Trainer(_config(str(bad), tmp_path / "r1", max_steps=2),
-                        log_stream=open(os.devnull, "w"))
-    assert not (tmp_path / "r1" / "bpe.json").exists()
+def _start(cfg):
+    """Start a run (closed again at once); its log lines."""
+    log = io.StringIO()
+    trainer.Trainer(cfg, log_stream=log).close()
+    return log.getvalue()
 
-    t = trainer.Trainer(_config(data_dir, tmp_path / "r2", max_steps=1),
-                        log_stream=open(os.devnull, "w"))
-    t.close()
-    for name in os.listdir(tmp_path / "r2"):            # keep the BPE and config.json only
-        if name.endswith(".npz"):
-            os.unlink(tmp_path / "r2" / name)
+
+def test_a_failed_start_keeps_its_bpe_which_a_changed_text_learns_again(data_dir, tmp_path):
+    """A corpus that yields no training pair (CR-only line ends: one huge line per side)
+    fails the start after the BPE is learnt; the BPE model is kept, and the next start on
+    the same text reuses it. Once the text is mended, the next start learns it again (the
+    BPE that a fresh directory learns from that text). A bpe.json learnt, or prepared, for
+    another --vocab-size is refused; one that the directory did not learn is reused."""
+    text = tmp_path / "text"
+    text.mkdir()
+    for name in os.listdir(data_dir):
+        content = (pathlib.Path(data_dir) / name).read_text(encoding="utf-8")
+        (text / name).write_text(content.replace("\n", "\r") if name.startswith("train")
+                                 else content, encoding="utf-8")
+    run = tmp_path / "run"
+    for attempt in range(2):
+        log = io.StringIO()
+        with pytest.raises(TrainError, match="0 batches"):
+            trainer.Trainer(_config(str(text), run, max_steps=1), log_stream=log)
+        assert ("learning a joint BPE" in log.getvalue()) == (attempt == 0), log.getvalue()
+        assert (run / "bpe.json").is_file() and (run / run_dir.BPE_SOURCE_FILE).is_file()
+
+    for name in ("train.en", "train.de"):                      # the text mended
+        (text / name).write_bytes((pathlib.Path(data_dir) / name).read_bytes())
+    log = _start(_config(str(text), run, max_steps=1))
+    assert f"{run / 'bpe.json'} was learnt from other training text ({text / 'train.en'}: " \
+        "its content differs): learning it again" in log, log
+    _start(_config(data_dir, tmp_path / "fresh", max_steps=1))
+    assert (run / "bpe.json").read_bytes() == (tmp_path / "fresh" / "bpe.json").read_bytes()
+    assert "learning a joint BPE" not in _start(_config(str(text), run, max_steps=1))
+
+    (run / "config.json").unlink()           # the BPE's own record says its --vocab-size
     with pytest.raises(TrainError, match="learnt for --vocab-size 300, this run asks for 280"):
-        trainer.Trainer(dataclasses.replace(_config(data_dir, tmp_path / "r2", max_steps=1),
+        trainer.Trainer(dataclasses.replace(_config(str(text), run, max_steps=1),
                                             vocab_size=280), log_stream=open(os.devnull, "w"))
+
+    # A bpe.json put there by hand (not the one the record names) is the run's, as it is.
+    (run / "bpe.json").write_bytes((run / "bpe.json").read_bytes().replace(b"\n", b"\r\n"))
+    (text / "train.en").write_text("Another text.\n", encoding="utf-8")
+    (text / "train.de").write_text("Ein anderer Text.\n", encoding="utf-8")
+    log = _start(_config(str(text), run, max_steps=1))
+    assert "learning a joint BPE" not in log and f"BPE: {run / 'bpe.json'}" in log, log
 
 
 def test_fitted_batch_halves_to_the_floor_while_the_budget_holds_too_few_updates():

@@ -11,7 +11,7 @@ import time
 
 from . import checkpoint
 from .bpe import BPE
-from .corpus_file import open_corpus, stale_reason
+from .corpus_file import open_corpus, source_identity, stale_reason
 from .data import DataError, check_parallel_files
 from .prepare import prepare_corpus
 from .text.learn import TextError
@@ -40,45 +40,98 @@ def data_paths(cfg) -> dict:
 
 def run_bpe(cfg, comm, log, train_pair):
     """(BPE, its file's SHA-256, whether it was learnt now): RUNDIR/bpe.json, learnt from
-    both training sides first if absent (by rank 0; the others wait). A new run that finds
-    one learnt for another ``--vocab-size`` (by RUNDIR/config.json) is refused."""
+    both training sides by rank 0 (the others wait) when absent, or, for a new run, when the
+    run directory learnt it from other training text (:func:`_why_learn_again`). A new run
+    that finds one learnt for another ``--vocab-size`` is refused."""
     path = os.path.join(cfg.out, BPE_FILE)
-    if not cfg.resume and comm.is_root and os.path.isfile(path):
-        earlier = _earlier_vocab_size(cfg.out)
-        if earlier is not None and earlier != cfg.vocab_size:
-            raise TrainError(f"{path} was learnt for --vocab-size {earlier}, this run asks "
-                             f"for {cfg.vocab_size}: remove it, or choose another --out")
     # Rank 0 decides: another rank looking later could already see the file rank 0 is
     # about to write, skip the barrier below and leave rank 0 waiting there for ever.
-    learnt = False
-    if not comm.broadcast_object(os.path.isfile(path) if comm.is_root else None):
+    why = None
+    if comm.is_root:
+        why = "absent" if not os.path.isfile(path) else \
+            None if cfg.resume else _why_learn_again(cfg, path, train_pair)
+    why = comm.broadcast_object(why)
+    learnt = why is not None
+    if learnt:
         if cfg.resume:
             raise TrainError(f"--resume: {path} is missing (the run's BPE model)")
         if comm.is_root:
-            check_parallel_files(*train_pair)   # before minutes go into learning from them
-            t0 = time.perf_counter()
-            workers = cfg.workers or available_cpus()
-            log.info(f"learning a joint BPE of {cfg.vocab_size} pieces from "
-                     f"{train_pair[0]} and {train_pair[1]} ({workers} worker(s)) ...")
-            try:
-                model = BPE.learn(list(train_pair), vocab_size=cfg.vocab_size,
-                                  workers=workers)
-            except TextError as e:
-                raise DataError(str(e)) from None
-            except ValueError as e:
-                raise TrainError(f"--vocab-size {cfg.vocab_size}: {e}") from None
-            model.save(path)  # atomic (temporary file + rename)
-            short = "" if len(model) >= cfg.vocab_size else \
-                f", not the {cfg.vocab_size:,} asked: no further pair of pieces occurs twice " \
-                "in the training text"
-            log.info(f"wrote {path} ({len(model):,} pieces{short}; "
-                     f"{time.perf_counter() - t0:.1f}s)")
+            if why != "absent":
+                log.info(f"{path} was learnt from other training text ({why}): learning it "
+                         "again")
+            _learn_bpe(cfg, log, train_pair, path)
         comm.barrier()
-        learnt = True
     bpe = BPE.load(path)
     if not learnt:
         log.info(f"BPE: {path} ({len(bpe):,} pieces)")
     return bpe, checkpoint.sha256_file(path), learnt
+
+
+BPE_SOURCE_FILE = "bpe.source.json"
+"""What the run directory learnt its bpe.json from: the BPE file's SHA-256, the
+``--vocab-size`` asked and the two training files (size and head/tail SHA-256)."""
+
+
+def _learn_bpe(cfg, log, train_pair, path) -> None:
+    """Learn the joint BPE of ``train_pair`` into ``path`` (atomically), and beside it
+    :data:`BPE_SOURCE_FILE`, the record of what it was learnt from."""
+    check_parallel_files(*train_pair)   # before minutes go into learning from them
+    t0 = time.perf_counter()
+    workers = cfg.workers or available_cpus()
+    log.info(f"learning a joint BPE of {cfg.vocab_size} pieces from "
+             f"{train_pair[0]} and {train_pair[1]} ({workers} worker(s)) ...")
+    try:
+        model = BPE.learn(list(train_pair), vocab_size=cfg.vocab_size, workers=workers)
+    except TextError as e:
+        raise DataError(str(e)) from None
+    except ValueError as e:
+        raise TrainError(f"--vocab-size {cfg.vocab_size}: {e}") from None
+    model.save(path)  # atomic (temporary file + rename)
+    record = {"bpe_sha256": checkpoint.sha256_file(path), "vocab_size": cfg.vocab_size,
+              "sources": [_text_identity(p) for p in train_pair]}
+    checkpoint.atomic_write(os.path.join(cfg.out, BPE_SOURCE_FILE), lambda f: f.write(
+        (json.dumps(record, indent=1) + "\n").encode("utf-8")))
+    short = "" if len(model) >= cfg.vocab_size else \
+        f", not the {cfg.vocab_size:,} asked: no further pair of pieces occurs twice " \
+        "in the training text"
+    log.info(f"wrote {path} ({len(model):,} pieces{short}; "
+             f"{time.perf_counter() - t0:.1f}s)")
+
+
+def _text_identity(path) -> dict:
+    """A training file as the BPE's record keeps it: its path, size and head/tail hash
+    (not its mtime: a copy of the same text is the same text)."""
+    identity = source_identity(path)
+    return {key: identity[key] for key in ("path", "size", "head_tail_sha256")}
+
+
+def _why_learn_again(cfg, path, train_pair) -> str | None:
+    """Why a new run learns RUNDIR/bpe.json again: which training file differs from the
+    text the run directory learnt it from (its :data:`BPE_SOURCE_FILE`); None to keep it,
+    as always for a BPE model the directory did not learn (copied there, or
+    ``--init-from``'s), under ``--init-from``, and where checkpoints use it
+    (``tinytf-prepare`` in a run's directory). A :class:`TrainError` if it was learnt, or
+    prepared, for another ``--vocab-size``."""
+    try:
+        with open(os.path.join(cfg.out, BPE_SOURCE_FILE), encoding="utf-8") as f:
+            record = json.load(f)
+        if record["bpe_sha256"] != checkpoint.sha256_file(path) or not all(
+                isinstance(source, dict) for source in record["sources"]):
+            record = None                     # a record of another BPE file than this one
+    except (OSError, ValueError, KeyError, TypeError):
+        record = None
+    earlier = record["vocab_size"] if record else _earlier_vocab_size(cfg.out)
+    if earlier is not None and earlier != cfg.vocab_size:
+        raise TrainError(f"{path} was learnt for --vocab-size {earlier}, this run asks "
+                         f"for {cfg.vocab_size}: remove it, or choose another --out")
+    if record is None or cfg.init_from or has_checkpoint(cfg.out):
+        return None                           # (checkpoints: the model of a run)
+    for source, now in zip(record["sources"], train_pair):
+        mine = _text_identity(now)
+        for key, what in (("size", "size"), ("head_tail_sha256", "content")):
+            if source.get(key) != mine[key]:
+                return f"{now}: its {what} differs"
+    return None
 
 
 def _earlier_vocab_size(run_dir: str):

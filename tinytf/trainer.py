@@ -117,20 +117,17 @@ class Trainer:
             raise
 
     def _start(self, cfg, paths) -> None:
-        """Read the data, get the BPE, build the rest; a failure removes a BPE learnt now."""
+        """Read the data, get the BPE, build the rest."""
         # Dev and test are small and read whole; the training text is streamed, checked and
         # encoded once into RUNDIR/corpus (run_dir.prepared_corpus) and then memory-mapped.
         self.dev_lines = read_parallel(*paths["dev"])
         self.test_lines = read_parallel(*paths["test"]) if "test" in paths else None
         self.init = (init_checkpoint(cfg, self.comm, self.log)
                      if cfg.init_from and not cfg.resume else None)
-        self.bpe, self.bpe_sha, learnt = run_bpe(cfg, self.comm, self.log, paths["train"])
-        try:
-            self._build(cfg, paths)
-        except BaseException:
-            if learnt and self.root:     # a run that fails to start leaves no BPE behind
-                os.unlink(os.path.join(self.run_dir, BPE_FILE))
-            raise
+        # A BPE model learnt now is kept whatever follows: the next start reuses it, or
+        # learns it again if the training text has changed (run_dir.run_bpe).
+        self.bpe, self.bpe_sha, _ = run_bpe(cfg, self.comm, self.log, paths["train"])
+        self._build(cfg, paths)
 
     def _build(self, cfg, paths) -> None:
         """The rest of the set-up, after the BPE: model, optimizer, data, resume state."""

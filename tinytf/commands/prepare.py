@@ -4,7 +4,9 @@
     python -m tinytf.commands.prepare ...   # the same
 
 Writes what ``train.py --out RUNDIR`` would write before its first update: ``RUNDIR/bpe.json``
-(learnt from both training sides when RUNDIR has none), ``RUNDIR/corpus`` (the training
+(learnt from both training sides when RUNDIR has none, or learnt it from a text that has
+changed since and holds no checkpoint; ``RUNDIR/bpe.source.json`` records what it was
+learnt from), ``RUNDIR/corpus`` (the training
 pairs encoded once, :mod:`tinytf.corpus_file`; rebuilt when stale) and, where no run has
 started yet, ``RUNDIR/config.json`` with these options. A later ``train.py --out RUNDIR``
 with the same --data, --vocab-size and ``train_max_len`` maps them and starts in seconds
