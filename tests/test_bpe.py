@@ -595,6 +595,25 @@ def test_missing_file(tmp_path):
         BPE.load(tmp_path / "nothing.json")
 
 
+def test_a_mistyped_file_name_is_not_learnt_as_text(tmp_path, monkeypatch):
+    """A list of names of which one is missing, or of paths none of which exists, is an
+    error naming the first missing one: not a corpus of file names to learn from. Lines
+    with spaces, or a slash among other lines, are text; an iterator is always text."""
+    real = tmp_path / "train.en"
+    real.write_text("a small text\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    for inputs, missing in (([str(tmp_path / "trian.en"), str(real)], "trian.en"),
+                            ([str(tmp_path / "trian.en")], "trian.en"),
+                            (["trian.en", "train.en"], "trian.en"),
+                            ([str(real), "train.de"], "train.de")):
+        with pytest.raises(FileNotFoundError, match=missing):
+            BPE.learn(inputs, vocab_size=300)
+    for text in (["Hello world.", "and/or", "x/y"], ["a small text", "a/b"],
+                 ["one", "two"]):
+        assert BPE.learn(text, vocab_size=300).vocab_size > 260
+    assert BPE.learn(iter(["a/b", "c/d"]), vocab_size=300).vocab_size > 260
+
+
 # ---------------------------------------------------------------- command line
 
 def run_cli(monkeypatch, args, data=b""):

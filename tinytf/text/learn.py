@@ -7,6 +7,7 @@ the budget, and hands the words and their counts to the merge loop:
 the rest with `tinytf.text.merges.learn_merges`, the sequential loop (the same merges; see
 those modules for the algorithm and its tie-breaking).
 """
+import errno
 import os
 from collections import Counter
 from itertools import compress
@@ -144,6 +145,9 @@ def as_paths(inputs):
 
     A str or path-like object is one file. A list or tuple is a list of files if its first
     item is path-like or names an existing file; anything else is read as lines of text.
+    A list that reads as lines but looks like paths (an item names an existing file, or
+    every item is a path with a "/" and no space) raises FileNotFoundError for the first
+    missing one: a mistyped file name is not a line of text to learn from.
     """
     if isinstance(inputs, (str, os.PathLike)):
         return [inputs]
@@ -152,6 +156,13 @@ def as_paths(inputs):
         if isinstance(first, os.PathLike) or (
                 isinstance(first, str) and "\n" not in first and os.path.isfile(first)):
             return list(inputs)
+        if all(isinstance(item, str) for item in inputs):
+            words = [item for item in inputs if item and not any(map(str.isspace, item))]
+            if (len(words) == len(inputs) and all("/" in item for item in words)) or \
+                    any(map(os.path.isfile, words)):
+                missing = next(item for item in inputs if not os.path.isfile(item))
+                raise FileNotFoundError(errno.ENOENT, "no such file (a list of lines that "
+                                        "looks like file paths)", missing)
     return None
 
 
