@@ -1082,7 +1082,7 @@ def test_the_tiny_preset_fits_its_batch_whoever_chose_it():
     assert not TrainConfig(max_tokens=1024).resolved().fits_batch()  # cannot halve: not timed
     assert TrainConfig(config="base").resolved().min_updates == 0
     assert not TrainConfig(max_steps=100).resolved().fits_batch()  # no time budget
-    with pytest.raises(TrainError, match="min_updates"):
+    with pytest.raises(TrainError, match="--min-updates must not be negative"):
         TrainConfig(min_updates=-1).resolved()
 
 
@@ -1108,11 +1108,29 @@ def test_a_fitted_batch_trains_as_if_the_user_had_chosen_it(data_dir, tmp_path):
     fitted.close(), given.close()
 
 
+def test_option_messages_name_the_flag_or_set():
+    """A bad value is named as the user sets it: train.py's flag for an option that has one
+    (every flag in train_config.FLAGS is train.py's), else ``--set key``."""
+    from tinytf.commands.train import build_parser
+    from tinytf.train_config import FLAGS, option_of
+    flags = {s for action in build_parser()._actions for s in action.option_strings}
+    assert {option_of(key) for key in FLAGS} <= flags
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert FLAGS <= fields and {f"--{k.replace('_', '-')}" for k in fields - FLAGS} \
+        .isdisjoint(flags)
+    for key, value, message in (("max_tokens", 0, "--max-tokens must be at least 1, got 0"),
+                                ("train_max_len", 0, "--set train_max_len must be at least 1"),
+                                ("clip_norm", -1.0, "--clip-norm must not be negative"),
+                                ("lr_factor", 0.0, "--lr-factor must be positive")):
+        with pytest.raises(TrainError, match=message):
+            dataclasses.replace(TrainConfig().resolved(), **{key: value}).check()
+
+
 def test_min_updates_on_the_command_line(data_dir, tmp_path, capsys):
     """--min-updates reaches the config (and is checked); with --max-tokens and a budget
     that holds enough updates the batch is the user's, and the summary reports it."""
     code, _, err = _train_main(capsys, "--out", str(tmp_path / "bad"), "--min-updates", "-1")
-    assert code == 2 and "min_updates must not be negative" in err
+    assert code == 2 and "error: --min-updates must not be negative, got -1" in err, err
     code, out, err = _train_tiny(capsys, data_dir, tmp_path / "r", "--max-minutes", "0.2",
                                  "--max-steps", "2", "--min-updates", "3", "--max-tokens",
                                  "2048")

@@ -243,10 +243,11 @@ class TrainConfig:
                     "workers", "dropout_from_epoch", "long_dropout_from_epoch")
         for key in positive:
             if getattr(self, key) is not None and getattr(self, key) < 1:
-                raise TrainError(f"{key} must be at least 1, got {getattr(self, key)}")
+                raise TrainError(f"{option_of(key)} must be at least 1, got "
+                                 f"{getattr(self, key)}")
         for key in ("lr_factor", "lr"):
             if getattr(self, key) is not None and not getattr(self, key) > 0:
-                raise TrainError(f"{key} must be positive, got {getattr(self, key)}")
+                raise TrainError(f"{option_of(key)} must be positive, got {getattr(self, key)}")
         if self.best_metric not in ("loss", "bleu"):
             raise TrainError(f"--best-metric {self.best_metric!r}: choose loss or bleu")
         for key in ("max_steps", "max_minutes", "min_updates", "clip_norm", "keep_last",
@@ -254,7 +255,8 @@ class TrainConfig:
                     "dropout_rises_after", "patience", "valid_bleu_sentences", "valid_samples",
                     "test_beam"):
             if getattr(self, key) is not None and getattr(self, key) < 0:
-                raise TrainError(f"{key} must not be negative, got {getattr(self, key)}")
+                raise TrainError(f"{option_of(key)} must not be negative, got "
+                                 f"{getattr(self, key)}")
 
     def to_dict(self) -> dict:
         """JSON-serialisable dict of every field."""
@@ -265,6 +267,22 @@ class TrainConfig:
         when the batch is already too small to halve)."""
         return bool(self.min_updates and self.max_minutes and not self.resume
                     and can_halve(self.max_tokens))
+
+
+FLAGS = frozenset((
+    "data", "src", "tgt", "out", "config", "max_tokens", "min_updates", "update_freq",
+    "max_steps", "max_minutes", "lr_schedule", "lr", "warmup", "lr_factor", "optimizer",
+    "vocab_size", "seed", "resume", "device", "precision", "cuda_graph", "log_interval",
+    "save_interval", "valid_interval", "keep_last", "clip_norm", "max_epochs", "patience",
+    "best_metric", "valid_samples", "init_from", "workers"))
+"""The options that ``train.py`` has a flag for (``--max-tokens``); the rest are set with
+``--set key=value``."""
+
+
+def option_of(key: str) -> str:
+    """How a user sets option ``key`` on the command line, for messages: its flag
+    (``--max-tokens``), or ``--set train_max_len``."""
+    return "--" + key.replace("_", "-") if key in FLAGS else f"--set {key}"
 
 
 def _parse_value(text: str, current, key: str):
