@@ -1458,3 +1458,35 @@ def test_ctrl_c_before_the_first_update_is_one_line_and_exit_130(
                                  "--max-steps", "1"])
     assert status == 128 + signal.SIGINT
     assert capsys.readouterr().err.strip().endswith("interrupted; no update to save")
+
+
+def test_run_files_that_cannot_be_written_are_one_line_or_a_warning(
+        data_dir, tmp_path, capsys, file_size_limit):
+    """Files that the disk refuses at the start (a file-size limit, as a full disk refuses)
+    end it with one line naming the file: the BPE model (590 bytes here), the encoded corpus
+    (its 4 KiB of ids: a short last write that NumPy's tofile left unreported had the
+    start crash at the memory map) and config.json. A summary.json that cannot be written
+    at the end is a warning: the run's work is in its checkpoint."""
+    sets = [a for s in TINY for a in ("--set", s)]
+    refused = {400: "bpe.json: cannot write the BPE model: File too large (it needs about ",
+               2_000: "corpus: cannot write the encoded corpus: File too large"}
+    for limit, what in refused.items():
+        out = tmp_path / f"full{limit}"
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--data",
+                               data_dir, "--out", str(out), "--vocab-size", "300",
+                               "--max-steps", "1", *sets], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120, preexec_fn=file_size_limit(limit))
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
+            f"train.py: error: {out}/{what}"), proc.stderr
+        assert "Traceback" not in proc.stderr and not (out / "corpus").exists()
+
+    (tmp_path / "r" / "config.json").mkdir(parents=True)   # a path that takes no file
+    code, _, err = _train_tiny(capsys, data_dir, tmp_path / "r", "--max-steps", "1")
+    assert code == 2 and f"{tmp_path / 'r' / 'config.json'}: cannot write the run's " \
+        "options: Is a directory" in err, err
+    (tmp_path / "r" / "config.json").rmdir()
+    (tmp_path / "r" / "summary.json").mkdir()
+    code, out_line, err = _train_tiny(capsys, data_dir, tmp_path / "r", "--max-steps", "1")
+    assert code == 0 and json.loads(out_line)["steps"] == 1, err
+    assert f"warning: {tmp_path / 'r' / 'summary.json'}: cannot write the run's summary: " \
+        "Is a directory; a --resume of this run validates and tests it again" in err, err

@@ -172,18 +172,29 @@ def save(path, model_state: dict, *, optim_state=None, meta: dict | None = None)
         atomic_write(path, lambda f: np.savez(f, **arrays))
     except OSError as e:
         # Disk full, quota, permissions: one line naming the file; the old file stays.
-        space = ""
-        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):   # out of room
-            needed = sum(a.nbytes for a in arrays.values())
-            directory = os.path.dirname(os.path.abspath(os.fspath(path)))
-            try:
-                free = f", {shutil.disk_usage(directory).free / 2**20:,.0f} MiB free there"
-            except OSError:
-                free = ""
-            space = f" (it needs about {needed / 2**20:,.1f} MiB{free})"
+        needed = sum(a.nbytes for a in arrays.values())
         raise CheckpointError(f"{os.fspath(path)}: cannot write the checkpoint: "
-                              f"{e.strerror or e}{space}; a file already at that path stays "
-                              "intact") from None
+                              f"{why_not_written(e, path, needed)}; a file already at that "
+                              "path stays intact") from None
+
+
+def why_not_written(error: OSError, path, needed: int) -> str:
+    """Why ``path`` could not be written, for a one-line message: the OS's reason, and when
+    the disk or quota is full, what the file needs (``needed`` bytes) and what is free."""
+    why = error.strerror or str(error)
+    if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):    # not out of room
+        return why
+    directory = os.path.dirname(os.path.abspath(os.fspath(path)))
+    try:
+        free = f", {_size(shutil.disk_usage(directory).free)} free there"
+    except OSError:
+        free = ""
+    return f"{why} (it needs about {_size(needed)}{free})"
+
+
+def _size(n: int) -> str:
+    """``n`` bytes in MiB, or in KiB below one MiB."""
+    return f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n / 2**10:,.0f} KiB"
 
 
 class Checkpoint:

@@ -31,6 +31,7 @@ import shutil
 import numpy as np
 
 from .data import DataError, ParallelCorpus
+from .streams import write_all
 
 FORMAT = "tinytf-corpus"
 VERSION = 1
@@ -73,23 +74,33 @@ class CorpusWriter:
         self.tmp = f"{self.path}.tmp-{os.getpid()}"
         shutil.rmtree(self.tmp, ignore_errors=True)
         os.makedirs(self.tmp)
-        self._files = {name: open(os.path.join(self.tmp, name), "wb")
+        # Unbuffered, written by write_all: NumPy's tofile writes through a C stream whose
+        # last buffer is written at its close, where a failure goes unreported.
+        self._files = {name: open(os.path.join(self.tmp, name), "wb", buffering=0)
                        for name in ("src.bin", "src.idx", "tgt.bin", "tgt.idx", "kept.bin")}
         self.tokens = {"src": 0, "tgt": 0}
         self.pairs = 0
-        for side in ("src", "tgt"):
-            np.zeros(1, np.int64).tofile(self._files[f"{side}.idx"])
+        try:
+            for side in ("src", "tgt"):
+                self._append(f"{side}.idx", np.zeros(1, np.int64))
+        except OSError as e:
+            self.__exit__(OSError, e, None)
+            raise self._write_error(e) from None
+
+    def _append(self, name: str, array) -> None:
+        """Append ``array``'s bytes to file ``name``: all of them, or an OSError."""
+        write_all(self._files[name], memoryview(np.ascontiguousarray(array)).cast("B"))
 
     def add(self, src, src_lengths, tgt, tgt_lengths, kept) -> None:
         """Append pairs: ``src``/``tgt`` their ids concatenated, ``*_lengths`` per pair,
         ``kept`` their line numbers. A write that fails (a full disk) is a DataError."""
         try:
             for side, ids, lengths in (("src", src, src_lengths), ("tgt", tgt, tgt_lengths)):
-                np.asarray(ids, dtype=self.dtype).tofile(self._files[f"{side}.bin"])
+                self._append(f"{side}.bin", np.asarray(ids, dtype=self.dtype))
                 offsets = self.tokens[side] + np.cumsum(lengths, dtype=np.int64)
-                offsets.tofile(self._files[f"{side}.idx"])
+                self._append(f"{side}.idx", offsets)
                 self.tokens[side] += int(np.sum(lengths, dtype=np.int64))
-            np.asarray(kept, dtype=np.int64).tofile(self._files["kept.bin"])
+            self._append("kept.bin", np.asarray(kept, dtype=np.int64))
         except OSError as e:
             raise self._write_error(e) from None
         self.pairs += len(kept)

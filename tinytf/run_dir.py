@@ -1,12 +1,14 @@
 """The files a training run reads and writes: the corpus paths under ``--data``, the run's
 BPE model in ``RUNDIR/bpe.json`` (learnt once, by rank 0), the training corpus encoded once
-into ``RUNDIR/corpus`` (:mod:`tinytf.corpus_file`), and what a checkpoint must hold to be
-resumed."""
+into ``RUNDIR/corpus`` (:mod:`tinytf.corpus_file`), the run's options and summary
+(``config.json``, ``summary.json``), and what a checkpoint must hold to be resumed."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 import time
 
 from . import checkpoint
@@ -86,16 +88,36 @@ def _learn_bpe(cfg, log, train_pair, path) -> None:
         raise DataError(str(e)) from None
     except ValueError as e:
         raise TrainError(f"--vocab-size {cfg.vocab_size}: {e}") from None
-    model.save(path)  # atomic (temporary file + rename)
+    try:
+        model.save(path)  # atomic (temporary file + rename)
+    except OSError as e:
+        raise TrainError(f"{path}: cannot write the BPE model: "
+                         f"{checkpoint.why_not_written(e, path, _bpe_size(model))}") from None
     record = {"bpe_sha256": checkpoint.sha256_file(path), "vocab_size": cfg.vocab_size,
               "sources": [_text_identity(p) for p in train_pair]}
-    checkpoint.atomic_write(os.path.join(cfg.out, BPE_SOURCE_FILE), lambda f: f.write(
-        (json.dumps(record, indent=1) + "\n").encode("utf-8")))
+    write_json(os.path.join(cfg.out, BPE_SOURCE_FILE), record,
+               "the record of what the BPE model was learnt from")
     short = "" if len(model) >= cfg.vocab_size else \
         f", not the {cfg.vocab_size:,} asked: no further pair of pieces occurs twice " \
         "in the training text"
     log.info(f"wrote {path} ({len(model):,} pieces{short}; "
              f"{time.perf_counter() - t0:.1f}s)")
+
+
+def _bpe_size(model) -> int:
+    """About the bytes of ``model``'s file: its pieces, each with JSON's quotes and commas."""
+    return sum(len(piece.encode("utf-8")) + 8 for piece in model.pieces)
+
+
+def write_json(path, doc: dict, what: str) -> None:
+    """Write ``doc`` to ``path`` as indented JSON, atomically; a :class:`TrainError` naming
+    the file and ``what`` it holds if it cannot be written (a full disk, a quota)."""
+    data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
+    try:
+        checkpoint.atomic_write(path, lambda f: f.write(data))
+    except OSError as e:
+        raise TrainError(f"{path}: cannot write {what}: "
+                         f"{checkpoint.why_not_written(e, path, len(data))}") from None
 
 
 def _text_identity(path) -> dict:
@@ -380,6 +402,25 @@ def checkpoint_to_resume(run_dir: str, log):
     return ckpt
 
 
+def write_run_config(run_dir: str, cfg, ranks: int, device: str) -> str:
+    """RUNDIR/config.json: the resolved options, the command line, the tinytf version and
+    git commit (when the code is a git checkout), the number of ranks and the device; written
+    atomically at every start (a resume rewrites it)."""
+    from . import __version__  # noqa: PLC0415 - the package's, at run time
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    doc = {"options": cfg.to_dict(), "command": sys.argv, "tinytf": __version__,
+           "git_commit": commit, "ranks": ranks, "device": device,
+           "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    path = os.path.join(run_dir, "config.json")
+    write_json(path, doc, "the run's options")
+    return path
+
+
 SUMMARY_FILE = "summary.json"
 
 
@@ -387,8 +428,7 @@ def write_summary(run_dir: str, summary: dict) -> str:
     """RUNDIR/summary.json: the summary of a run that finished (its final validation and
     test done; what train.py prints last), written atomically. Returns its path."""
     path = os.path.join(run_dir, SUMMARY_FILE)
-    checkpoint.atomic_write(path, lambda f: f.write(
-        (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode("utf-8")))
+    write_json(path, summary, "the run's summary")
     return path
 
 

@@ -1,6 +1,5 @@
-"""The training log: human-readable lines (stderr, and RUNDIR/train.log with timestamps),
-records (RUNDIR/log.jsonl, read back for the plot) and the run's options
-(RUNDIR/config.json)."""
+"""The training log: human-readable lines (stderr, and RUNDIR/train.log with timestamps) and
+records (RUNDIR/log.jsonl, read back for the plot)."""
 from __future__ import annotations
 
 import json
@@ -123,28 +122,6 @@ def log_samples(log: Logger, name: str, samples) -> None:
         log.info(f"  {name} sample {i}  source     | {source}")
         log.info(f"  {name} sample {i}  reference  | {reference}")
         log.info(f"  {name} sample {i}  hypothesis | {hypothesis}")
-
-
-def write_run_config(run_dir: str, cfg, ranks: int, device: str) -> str:
-    """RUNDIR/config.json: the resolved options, the command line, the tinytf version and
-    git commit (when the code is a git checkout), the number of ranks and the device; written
-    atomically at every start (a resume rewrites it)."""
-    import subprocess  # noqa: PLC0415
-
-    from . import __version__, checkpoint  # noqa: PLC0415 - the package's, at run time
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                                text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    doc = {"options": cfg.to_dict(), "command": sys.argv, "tinytf": __version__,
-           "git_commit": commit, "ranks": ranks, "device": device,
-           "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    path = os.path.join(run_dir, "config.json")
-    checkpoint.atomic_write(path, lambda f: f.write(
-        (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")))
-    return path
 
 
 def log_run_start(log: Logger, cfg, mc, data, step: int, *, parameters: int, ranks: int,

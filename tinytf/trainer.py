@@ -53,13 +53,14 @@ from .optim import clip_grad_norm_array, grad_norm_array
 from .plot import write_training_plot
 from .run_dir import (SUMMARY_FILE, checkpoint_to_resume, claim_run_dir, data_paths,
                       finished_summary, init_checkpoint, load_init_weights, prepared_corpus,
-                      resume_warnings, resumed_model_config, run_bpe, write_summary)
+                      resume_warnings, resumed_model_config, run_bpe, write_run_config,
+                      write_summary)
 from .stop_signals import StopRequested, StopSignals
 # (TrainConfig and apply_overrides are also re-exported: callers import them from here.)
 from .train_config import (BPE_FILE, TrainConfig, TrainError, apply_overrides,  # noqa: F401
                            model_config_for)
 from .train_log import (Logger, count_of, format_seconds, log_run_start, log_validation,
-                        log_window, write_run_config)
+                        log_window)
 from .train_progress import Progress
 from .transformer import Transformer, label_smoothed_loss
 from .workers import thread_budget
@@ -226,7 +227,10 @@ class Trainer:
         self._set_dropout_plan(budget.dropout_for_budget(
             self.cfg, self.model_cfg.dropout, epochs, self.log, pace=pace))
         if self.root:
-            write_run_config(self.run_dir, self.cfg, self.comm.size, self.device)
+            try:
+                write_run_config(self.run_dir, self.cfg, self.comm.size, self.device)
+            except TrainError as e:     # the checkpoints keep the choice as well
+                self.log.info(f"warning: {e}; the run goes on")
 
     def _train_batches(self, cfg) -> BatchIterator:
         """This rank's token batches of the training pairs at ``cfg.max_tokens``, from the
@@ -671,7 +675,11 @@ class Trainer:
         elif self.root:
             summary.update(self._finish(saved_step))
             if summary["stopped"] != "signal":
-                write_summary(self.run_dir, summary)
+                try:
+                    write_summary(self.run_dir, summary)
+                except TrainError as e:   # the run's work is in its checkpoint
+                    self.log.info(f"warning: {e}; a --resume of this run validates and "
+                                  "tests it again")
         self.comm.barrier()
         self.close()
         return summary

@@ -22,9 +22,8 @@ from tinytf import distributed
 from tinytf.bpe import BPEFileError
 from tinytf.data import DataError
 from tinytf.run_dir import (RunLock, data_paths, has_checkpoint, make_run_dir,
-                            prepared_corpus, run_bpe)
+                            prepared_corpus, run_bpe, write_run_config)
 from tinytf.train_config import TrainConfig, TrainError, apply_overrides
-from tinytf.train_log import write_run_config
 
 
 class _Log:
