@@ -121,17 +121,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     """Command-line flags; the defaults are the under-a-minute CPU run."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    p.add_argument("--data-dir", type=Path, default=DATA_DIR,
+                   help="directory with train.en, train.de, dev.en and dev.de")
     p.add_argument("--buckets", type=int, default=2 ** 14, help="rows of the hash table")
     p.add_argument("--dim", type=int, default=32, help="n-gram embedding size")
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--hidden", type=int, default=64, help="width of the hidden layer")
+    p.add_argument("--steps", type=int, default=300, help="optimizer updates")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences per update")
+    p.add_argument("--lr", type=float, default=3e-3, help="learning rate (Adam)")
     p.add_argument("--train-limit", type=int, default=0,
                    help="use only this many training sentences per language (0 = all)")
-    p.add_argument("--log-interval", type=int, default=50)
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--log-interval", type=int, default=50, help="updates between log lines")
+    p.add_argument("--seed", type=int, default=1234, help="seed of weights and batches")
     return p.parse_args(argv)
 
 
