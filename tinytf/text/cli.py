@@ -151,14 +151,14 @@ def build_parser():
                    help="processes counting the words of the files (default: 1)")
     p.set_defaults(run=_learn)
     p = sub.add_parser("encode", help="text on stdin -> pieces (or ids) on stdout")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="the BPE model (a bpe.json)")
     p.add_argument("--ids", action="store_true", help="write ids instead of pieces")
     p.add_argument("--workers", type=int, default=1,
                    help="processes encoding blocks of 10,000 lines, output in input order "
                         "(default: 1)")
     p.set_defaults(run=_encode)
     p = sub.add_parser("decode", help="pieces or ids on stdin -> text on stdout")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="the BPE model (a bpe.json)")
     kind = p.add_mutually_exclusive_group()
     kind.add_argument("--ids", action="store_true", help="the input is ids")
     kind.add_argument("--pieces", action="store_true", help="the input is pieces")
