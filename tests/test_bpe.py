@@ -312,7 +312,7 @@ def test_array_learner_equals_sequential(sample, few, min_frequency, monkeypatch
     monkeypatch.setattr(learn_array, "FEW", few)
     array = BPE.learn(sample[:1500], vocab_size=1200, min_frequency=min_frequency)
 
-    def sequential_loop(words, freqs, *rest):  # learn_bpe's arrays as lists
+    def sequential_loop(words, freqs, *rest, report=None):  # learn_bpe's arrays as lists
         symbols, lengths = words
         ends = np.cumsum(lengths).tolist()
         lists = [symbols[e - n:e].tolist() for n, e in zip(lengths.tolist(), ends)]
@@ -593,6 +593,30 @@ def test_bad_files_give_clear_errors(bpe, tmp_path, damage, message):
 def test_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing.json"):
         BPE.load(tmp_path / "nothing.json")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_learning_reports_its_progress(tmp_path, sample, workers, monkeypatch):
+    """``progress`` hears the counting (by bytes of the files), its end, and the merges;
+    the model is the one learnt without it."""
+    from tinytf.text import learn
+    paths = []
+    for name, lines in (("a", sample[:300]), ("b", sample[300:600])):
+        paths.append(tmp_path / name)
+        paths[-1].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    quiet = BPE.learn(paths, vocab_size=400, workers=workers)
+    monkeypatch.setattr(learn, "PROGRESS_SECONDS", 0.0)
+    heard = []
+    assert BPE.learn(paths, vocab_size=400, workers=workers, progress=heard.append).merges \
+        == quiet.merges
+    counting = [line for line in heard if line.startswith("counting words: ")]
+    assert counting and counting[-1].startswith("counting words: 100% of 0 MB (")
+    assert sum(line.startswith("counted ") and " distinct words, " in line
+               for line in heard) == 1
+    merging = [line for line in heard if line.startswith("merging: ")]
+    assert merging and merging[0].startswith(
+        f"merging: {260 + len(quiet.alphabet)} of 400 pieces ("), heard
+    assert heard.index(counting[-1]) < heard.index(merging[0])
 
 
 def test_a_mistyped_file_name_is_not_learnt_as_text(tmp_path, monkeypatch):

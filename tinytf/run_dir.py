@@ -83,7 +83,8 @@ def _learn_bpe(cfg, log, train_pair, path) -> None:
     log.info(f"learning a joint BPE of {cfg.vocab_size} pieces from "
              f"{train_pair[0]} and {train_pair[1]} ({workers} worker(s)) ...")
     try:
-        model = BPE.learn(list(train_pair), vocab_size=cfg.vocab_size, workers=workers)
+        model = BPE.learn(list(train_pair), vocab_size=cfg.vocab_size, workers=workers,
+                          progress=lambda line: log.info(f"BPE: {line}"))
     except TextError as e:
         raise DataError(str(e)) from None
     except ValueError as e:

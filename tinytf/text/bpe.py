@@ -65,7 +65,7 @@ class BPE:
         self._encoder = Encoder(unit_ids, self._spell, ranks, merged, cache_size)
 
     @classmethod
-    def learn(cls, inputs, vocab_size=8000, min_frequency=2, workers=1):
+    def learn(cls, inputs, vocab_size=8000, min_frequency=2, workers=1, progress=None):
         """Learn a vocabulary of at most `vocab_size` pieces (special tokens and bytes included).
 
         inputs: a list of file paths (one joint vocabulary over all of them, e.g. the source
@@ -76,14 +76,16 @@ class BPE:
         from such lines). Merges
         stop early when the best pair occurs fewer than `min_frequency` times. `workers`
         processes count the words of files (the merges are learnt in this process); the
-        result does not depend on it.
+        result does not depend on it. ``progress(line)``, if given, hears how far the
+        counting and the merges are, every 30 s, and once when the counting ends.
         """
         if vocab_size < FIRST_SYMBOL_ID:
             raise ValueError(f"vocab_size must be at least {FIRST_SYMBOL_ID} (4 special "
                              f"tokens + 256 bytes), got {vocab_size}")
         if min_frequency < 1:
             raise ValueError(f"min_frequency must be at least 1, got {min_frequency}")
-        return cls(*learn_bpe(inputs, vocab_size, min_frequency, FIRST_SYMBOL_ID, workers))
+        return cls(*learn_bpe(inputs, vocab_size, min_frequency, FIRST_SYMBOL_ID, workers,
+                              progress))
 
     # ---------------------------------------------------------------- encoding
     def _spell(self, unit):

@@ -14,7 +14,7 @@ import pathlib
 import sys
 import time
 
-from tinytf.streams import drop_stdout, write_all
+from tinytf.streams import drop_stdout, note, write_all
 from tinytf.workers import ordered_map
 
 
@@ -70,7 +70,8 @@ def _learn(args):
             raise ValueError(f"--output {args.output} is the --input file {path}: writing the "
                              "model would replace it; choose another --output")
     bpe = BPE.learn([pathlib.Path(p) for p in args.input], vocab_size=args.vocab_size,
-                    min_frequency=args.min_frequency, workers=args.workers)
+                    min_frequency=args.min_frequency, workers=args.workers,
+                    progress=note)
     bpe.save(args.output)
     short = ("", "") if bpe.vocab_size >= args.vocab_size else (
         f" of the {args.vocab_size:,} asked", f"no further pair occurs {args.min_frequency} "

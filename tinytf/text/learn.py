@@ -10,6 +10,7 @@ those modules for the algorithm and its tie-breaking).
 import errno
 import os
 import re
+import time
 from collections import Counter
 from itertools import compress
 from operator import not_
@@ -25,6 +26,27 @@ from tinytf.workers import ordered_map
 
 class TextError(ValueError):
     """A text file to learn from is unusable; the message names the file and the line."""
+
+
+PROGRESS_SECONDS = 30.0
+
+
+class Reporter:
+    """Progress lines of a long learning: ``report(line_fn)`` passes ``line_fn()`` to ``say``
+    at most once every ``every`` seconds (default :data:`PROGRESS_SECONDS`; ``now=True``: at
+    once); nothing without ``say``."""
+
+    def __init__(self, say=None, every=None):
+        self.say, self.every = say, PROGRESS_SECONDS if every is None else every
+        self.start = self.last = time.perf_counter()
+
+    def __call__(self, line_fn, now=False) -> None:
+        if self.say is None:
+            return
+        t = time.perf_counter()
+        if now or t - self.last >= self.every:
+            self.last = t
+            self.say(f"{line_fn()} ({t - self.start:,.0f} s)")
 
 
 def count_words_in_text(text, counter):
@@ -50,9 +72,11 @@ def count_words_in_text(text, counter):
         counter.update(PRETOKEN.findall(LINE_START.sub(" ", text)))
 
 
-def count_words_in_file(path, counter, block_bytes=1 << 22, start=0, end=None):
+def count_words_in_file(path, counter, block_bytes=1 << 22, start=0, end=None,
+                        on_block=None):
     """Count the pre-tokens of a UTF-8 text file, read in blocks of whole lines: the whole
     file, or the lines that start in bytes ``[start, end)`` (``start`` a line's first byte).
+    ``on_block(n)`` is called after each block of ``n`` bytes.
 
     Raises :class:`TextError` naming the file and line if the file is not valid UTF-8.
     """
@@ -76,6 +100,8 @@ def count_words_in_file(path, counter, block_bytes=1 << 22, start=0, end=None):
                 text = text.replace("\r\n", "\n")  # as Python's universal newlines would
             at += len(data)
             count_words_in_text(text, counter)
+            if on_block is not None:
+                on_block(len(data))
 
 
 def _lines_before(path, offset):
@@ -113,20 +139,29 @@ def _count_range(job):
     return counter
 
 
-def count_words(inputs, workers=1):
+def count_words(inputs, workers=1, report=None):
     """Pre-token frequencies of files (list of paths) or of an iterable of lines. Files are
     counted by ``workers`` processes at once, each over byte ranges of whole lines (the counts
-    add up to a single pass's)."""
+    add up to a single pass's); ``report`` (a :class:`Reporter`) hears how far."""
+    report = report or Reporter()
     counter = Counter()
     paths = as_paths(inputs)
+    if paths is not None:
+        total, done = sum(os.path.getsize(path) for path in paths), [0]
+
+        def counted(n):
+            done[0] += n
+            report(lambda: f"counting words: {done[0] / max(total, 1):.0%} of "
+                           f"{total / 1e6:,.0f} MB")
     if paths is not None and workers > 1:
         jobs = [(path, start, end) for path in paths
                 for start, end in line_ranges(path, 4 * workers)]
-        for part in ordered_map(_count_range, jobs, workers):
+        for job, part in zip(jobs, ordered_map(_count_range, jobs, workers)):
             counter.update(part)
+            counted(job[2] - job[1])
     elif paths is not None:
         for path in paths:
-            count_words_in_file(path, counter)
+            count_words_in_file(path, counter, on_block=counted)
     else:
         block = []
         for line in inputs:
@@ -236,13 +271,18 @@ def distinct_codes(codes):
     return distinct, rank[codes]
 
 
-def learn_bpe(inputs, vocab_size, min_frequency, first_id, workers=1):
+def learn_bpe(inputs, vocab_size, min_frequency, first_id, workers=1, progress=None):
     """Learn ``(alphabet, merges)`` from files or lines; see `tinytf.text.bpe.BPE.learn`.
 
     first_id: the id of the first alphabet symbol (ids below are special tokens and bytes).
     alphabet: piece strings, most frequent first; merges: (left, right) piece strings in order.
+    progress: None, or ``progress(line)`` for a line every 30 s and one when counting ends.
     """
-    word_counts = count_words(inputs, workers)
+    report = Reporter(progress)
+    word_counts = count_words(inputs, workers, report)
+    counted = f"counted {len(word_counts):,} distinct words, {sum(word_counts.values()):,} " \
+              "in all"
+    report(lambda: counted, now=True)
     units, lengths, counts = spell_words(word_counts)
     # The alphabet: every initial symbol that may be a piece, most frequent first (ties: string
     # order), cut to the budget; the lone space always (for runs of spaces). The rest is
@@ -262,5 +302,5 @@ def learn_bpe(inputs, vocab_size, min_frequency, first_id, workers=1):
     alphabet = pieces[first_id:]
     piece_ids = {p: i for i, p in enumerate(pieces) if p is not None}
     merges = learn_merges_array(words[:2], words[2], pieces, piece_ids, vocab_size,
-                                min_frequency)
+                                min_frequency, report=report)
     return alphabet, [(pieces[a], pieces[b]) for a, b in merges]

@@ -343,16 +343,20 @@ class PairQueue:
 FEW = 16  # listed positions up to which a merge is done in Python (`WordArray.merge_few`)
 
 
-def learn_merges_array(words, freqs, pieces, piece_ids, vocab_size, min_frequency, few=None):
+def learn_merges_array(words, freqs, pieces, piece_ids, vocab_size, min_frequency, few=None,
+                       report=None):
     """`tinytf.text.merges.learn_merges` with the words in a `WordArray` (the same arguments
     and result; `words` is left as it was, and may also be a pair of arrays, as `WordArray`
     takes it). Merges of pairs listed at more than `few`
-    positions (default `FEW`) are done by NumPy (`WordArray.merge`), the others in Python."""
+    positions (default `FEW`) are done by NumPy (`WordArray.merge`), the others in Python.
+    ``report``: a `tinytf.text.learn.Reporter` that hears how many pieces there are."""
     few = FEW if few is None else few
     array = WordArray(words, freqs)
     queue = PairQueue(array, pieces, piece_ids, min_frequency)
     merges = []
     while len(pieces) < vocab_size:
+        if report is not None and len(merges) % 256 == 0:
+            report(lambda: f"merging: {len(pieces):,} of {vocab_size:,} pieces")
         best = queue.pop()
         if best is None:
             break
