@@ -15,6 +15,8 @@ import ctypes
 import multiprocessing
 import os
 import signal
+import threading
+import time
 
 # What OpenBLAS's thread-count setter is called in the builds that NumPy ships (scipy-openblas,
 # 64-bit integers) and in a distribution's own library.
@@ -108,12 +110,30 @@ def _stop_signals_held():
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
-def _start_worker(initializer, initargs) -> None:
+PARENT_CHECK_SECONDS = 1.0
+
+
+def _end_with(parent: int) -> None:
+    """End this worker, by a thread that looks every :data:`PARENT_CHECK_SECONDS`, once
+    process ``parent`` is gone (killed by a signal, SIGKILL included, or by the OOM killer).
+    An orphaned worker would otherwise live on: blocked for ever writing its result into a
+    pipe whose other end the other orphans hold, with its memory (hundreds of MB of word
+    counts at WMT size)."""
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_SECONDS)
+        os.kill(os.getpid(), signal.SIGKILL)        # no clean-up: the parent's state
+
+    threading.Thread(target=watch, name="tinytf-parent-watch", daemon=True).start()
+
+
+def _start_worker(initializer, initargs, parent: int) -> None:
     """A worker's first act: SIGINT ignored (a terminal's Ctrl-C reaches the whole process
     group; the parent stops and ends its workers), SIGTERM and SIGUSR1 back to their default
     actions (a fork inherits the parent's handlers, such as a training run's stop handler,
-    which must not run in a worker), the signals held back by the fork let through; then
-    ``initializer(*initargs)``."""
+    which must not run in a worker), the signals held back by the fork let through, and
+    an end with process ``parent`` (:func:`_end_with`); then ``initializer(*initargs)``."""
+    _end_with(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for sig in STOP_SIGNALS:
         if sig != signal.SIGINT:
@@ -135,7 +155,8 @@ def ordered_map(fn, items, workers: int, initializer=None, initargs=()):
     context = multiprocessing.get_context("fork" if can_fork() else "spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
                                                 initializer=_start_worker,
-                                                initargs=(initializer, initargs)) as pool:
+                                                initargs=(initializer, initargs,
+                                                          os.getpid())) as pool:
         pending = collections.deque()
         try:
             for item in items:
