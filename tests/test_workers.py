@@ -12,7 +12,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARENT = f"""
 import os, sys, time
 sys.path.insert(0, {ROOT!r})
+from tinytf.run_dir import RunLock
 from tinytf.workers import ordered_map
+
+lock = RunLock(sys.argv[1])      # forked workers share its file, and so the lock
 
 def work(i):
     if i < 2:
@@ -35,22 +38,29 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_workers_end_with_a_killed_parent(sig):
-    """A parent killed by SIGTERM (its default action) or SIGKILL while its workers are busy:
-    the workers end within a few seconds, not blocked for ever on their result pipe."""
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE,
-                              text=True)
+def test_workers_end_with_a_killed_parent(sig, tmp_path):
+    """A parent killed by SIGTERM (its default action) or SIGKILL while its workers are busy
+    (a training run preempted while it learns its BPE): the workers end within a few
+    seconds, not blocked for ever on their result pipe, and with them the run directory's
+    lock, which they inherited: the requeued run can start."""
+    from tinytf.run_dir import RunLock
+    from tinytf.train_config import TrainError
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)
     try:
         workers = {int(parent.stdout.readline()) for _ in range(2)}
         assert len(workers) <= 2 and parent.pid not in workers
         time.sleep(0.5)                                # the workers are in their long items
         assert all(map(_alive, workers))
+        with pytest.raises(TrainError, match="in use by another training run"):
+            RunLock(str(tmp_path))
         parent.send_signal(sig)
         parent.wait(timeout=30)
         deadline = time.monotonic() + 10
         while any(map(_alive, workers)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not any(map(_alive, workers)), f"orphaned workers {workers} still run"
+        RunLock(str(tmp_path)).release()               # free again
     finally:
         parent.kill()
         parent.wait()
