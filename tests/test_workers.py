@@ -64,3 +64,35 @@ def test_workers_end_with_a_killed_parent(sig, tmp_path):
     finally:
         parent.kill()
         parent.wait()
+
+
+def _nap_unless_first(i):
+    """Item 0 at once; the others take 30 s (work in progress when the caller stops)."""
+    if i:
+        time.sleep(30)
+    return os.getpid()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_a_caller_that_stops_early_does_not_wait_for_the_pieces_in_progress():
+    """An exception in the caller (an error, a Ctrl-C's KeyboardInterrupt) while workers are
+    busy: the workers end at once, and the process exits without waiting for their pieces
+    (the interpreter's exit joins the pool)."""
+    from tinytf.workers import ordered_map
+    code = f"""
+import sys, time
+sys.path.insert(0, {ROOT!r})
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+from test_workers import _nap_unless_first
+from tinytf.workers import ordered_map
+for pid in ordered_map(_nap_unless_first, range(6), 2):
+    time.sleep(0.5)                                  # the other worker is in its nap
+    raise KeyboardInterrupt
+"""
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in proc.stderr, \
+        proc.stderr
+    assert time.monotonic() - t0 < 15, "the exit waited for the workers' pieces"
+    assert list(ordered_map(_nap_unless_first, [0, 0], 2))   # the module's pool still works

@@ -16,7 +16,6 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 
 # What OpenBLAS's thread-count setter is called in the builds that NumPy ships (scipy-openblas,
 # 64-bit integers) and in a distribution's own library.
@@ -113,27 +112,29 @@ def _stop_signals_held():
 PARENT_CHECK_SECONDS = 1.0
 
 
-def _end_with(parent: int) -> None:
+def _end_with(parent: int, stop) -> None:
     """End this worker, by a thread that looks every :data:`PARENT_CHECK_SECONDS`, once
-    process ``parent`` is gone (killed by a signal, SIGKILL included, or by the OOM killer).
+    process ``parent`` is gone (killed by a signal, SIGKILL included, or by the OOM killer)
+    or once it sets the event ``stop`` (it stopped early and drops the pieces in progress).
     An orphaned worker would otherwise live on: blocked for ever writing its result into a
     pipe whose other end the other orphans hold, with its memory (hundreds of MB of word
-    counts at WMT size)."""
+    counts at WMT size) and the files it inherited (a run directory's lock)."""
     def watch():
-        while os.getppid() == parent:
-            time.sleep(PARENT_CHECK_SECONDS)
+        while os.getppid() == parent and not stop.wait(PARENT_CHECK_SECONDS):
+            pass
         os.kill(os.getpid(), signal.SIGKILL)        # no clean-up: the parent's state
 
     threading.Thread(target=watch, name="tinytf-parent-watch", daemon=True).start()
 
 
-def _start_worker(initializer, initargs, parent: int) -> None:
+def _start_worker(initializer, initargs, parent: int, stop) -> None:
     """A worker's first act: SIGINT ignored (a terminal's Ctrl-C reaches the whole process
     group; the parent stops and ends its workers), SIGTERM and SIGUSR1 back to their default
     actions (a fork inherits the parent's handlers, such as a training run's stop handler,
     which must not run in a worker), the signals held back by the fork let through, and
-    an end with process ``parent`` (:func:`_end_with`); then ``initializer(*initargs)``."""
-    _end_with(parent)
+    an end with process ``parent`` or at its ``stop`` (:func:`_end_with`); then
+    ``initializer(*initargs)``."""
+    _end_with(parent, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for sig in STOP_SIGNALS:
         if sig != signal.SIGINT:
@@ -153,19 +154,25 @@ def ordered_map(fn, items, workers: int, initializer=None, initargs=()):
         yield from map(fn, items)
         return
     context = multiprocessing.get_context("fork" if can_fork() else "spawn")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
-                                                initializer=_start_worker,
-                                                initargs=(initializer, initargs,
-                                                          os.getpid())) as pool:
-        pending = collections.deque()
-        try:
-            for item in items:
-                with _stop_signals_held():      # the first submit forks the workers
-                    pending.append(pool.submit(fn, item))
-                if len(pending) >= 2 * workers:
-                    yield pending.popleft().result()
-            while pending:
+    stop = context.Event()
+    pool = concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_start_worker,
+        initargs=(initializer, initargs, os.getpid(), stop))
+    pending = collections.deque()
+    try:
+        for item in items:
+            with _stop_signals_held():      # the first submit forks the workers
+                pending.append(pool.submit(fn, item))
+            if len(pending) >= 2 * workers:
                 yield pending.popleft().result()
-        finally:
-            for future in pending:
-                future.cancel()
+        while pending:
+            yield pending.popleft().result()
+    except BaseException:
+        # Stopped early (an error, Ctrl-C, a consumer that stopped reading): the pieces not
+        # started are dropped, and the workers end within a second rather than after their
+        # pieces in progress (seconds each at WMT size, which the interpreter's exit would
+        # wait for).
+        stop.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
