@@ -1040,6 +1040,8 @@ def test_a_failed_start_keeps_its_bpe_which_a_changed_text_learns_again(data_dir
     _start(_config(data_dir, tmp_path / "fresh", max_steps=1))
     assert (run / "bpe.json").read_bytes() == (tmp_path / "fresh" / "bpe.json").read_bytes()
     assert "learning a joint BPE" not in _start(_config(str(text), run, max_steps=1))
+    swapped = dataclasses.replace(_config(str(text), run, max_steps=1), src="de", tgt="en")
+    assert "learning a joint BPE" not in _start(swapped)   # the same joint BPE either way
 
     (run / "config.json").unlink()           # the BPE's own record says its --vocab-size
     with pytest.raises(TrainError, match="learnt for --vocab-size 300, this run asks for 280"):
