@@ -71,9 +71,9 @@ class BPE:
         inputs: a list of file paths (one joint vocabulary over all of them, e.g. the source
         and target sides; a single path works too) or an iterable of lines of text. A list
         counts as paths when its first item is a path-like object or an existing file; one
-        that names a missing file among existing ones, or holds only paths with a "/" and
-        no space, none of them a file, is a FileNotFoundError (pass an iterator to learn
-        from such lines). Merges
+        that names a missing file among existing ones, or holds only names of files in
+        existing directories, none of them a file, is a FileNotFoundError (pass an iterator
+        to learn from such lines). Merges
         stop early when the best pair occurs fewer than `min_frequency` times. `workers`
         processes count the words of files (the merges are learnt in this process); the
         result does not depend on it. ``progress(line)``, if given, hears how far the

@@ -179,14 +179,23 @@ def count_words(inputs, workers=1, report=None):
 _WHITESPACE = re.compile(r"\s")
 
 
+def _in_a_directory(name: str) -> bool:
+    """Whether ``name`` reads as a file in an existing directory other than the root
+    (``data/ende/trian.en``; not ``and/or`` nor ``/x``)."""
+    folder, base = os.path.split(name)
+    return bool(folder and base) and os.path.isdir(folder) and \
+        os.path.dirname(os.path.abspath(folder)) != os.path.abspath(folder)
+
+
 def as_paths(inputs):
     """`inputs` as a list of file paths, or None if it is an iterable of lines.
 
     A str or path-like object is one file. A list or tuple is a list of files if its first
     item is path-like or names an existing file; anything else is read as lines of text.
     A list that reads as lines but looks like paths (an item without a space names an
-    existing file, or every item is a path with a "/" and no space) raises FileNotFoundError
-    for the first missing one: a mistyped file name is not a line of text to learn from.
+    existing file, or every item is a name without a space in an existing directory other
+    than the root) raises FileNotFoundError for the first missing one: a mistyped file name
+    is not a line of text to learn from.
     """
     if isinstance(inputs, (str, os.PathLike)):
         return [inputs]
@@ -199,7 +208,7 @@ def as_paths(inputs):
             # (Names without a space and with a "." or "/": a CJK corpus costs no stat.)
             names = [item for item in inputs
                      if ("." in item or "/" in item) and not _WHITESPACE.search(item)]
-            if (len(names) == len(inputs) and all("/" in item for item in names)) or \
+            if (len(names) == len(inputs) and all(map(_in_a_directory, names))) or \
                     any(map(os.path.isfile, names)):
                 missing = next(item for item in inputs if not os.path.isfile(item))
                 raise FileNotFoundError(errno.ENOENT, "no such file (a list of lines that "
