@@ -14,8 +14,10 @@ import contextlib
 import ctypes
 import multiprocessing
 import os
+import select
 import signal
 import threading
+import time
 
 # What OpenBLAS's thread-count setter is called in the builds that NumPy ships (scipy-openblas,
 # 64-bit integers) and in a distribution's own library.
@@ -112,29 +114,35 @@ def _stop_signals_held():
 PARENT_CHECK_SECONDS = 1.0
 
 
-def _end_with(parent: int, stop) -> None:
+def _end_with(parent: int, stop_fd) -> None:
     """End this worker, by a thread that looks every :data:`PARENT_CHECK_SECONDS`, once
     process ``parent`` is gone (killed by a signal, SIGKILL included, or by the OOM killer)
-    or once it sets the event ``stop`` (it stopped early and drops the pieces in progress).
-    An orphaned worker would otherwise live on: blocked for ever writing its result into a
-    pipe whose other end the other orphans hold, with its memory (hundreds of MB of word
-    counts at WMT size) and the files it inherited (a run directory's lock)."""
+    or once the pipe ``stop_fd`` (its read end; None: no such pipe) has a byte to read: the
+    parent stopped early and drops the pieces in progress. Nothing is read, so every worker
+    sees it; and nothing waits for the workers to answer (a multiprocessing Event's ``set``
+    waits for every waiter, for ever for a worker that a signal killed). An orphaned worker
+    would otherwise live on: blocked for ever writing its result into a pipe whose other end
+    the other orphans hold, with its memory (hundreds of MB of word counts at WMT size) and
+    the files it inherited (a run directory's lock)."""
     def watch():
-        while os.getppid() == parent and not stop.wait(PARENT_CHECK_SECONDS):
-            pass
+        while os.getppid() == parent:
+            if stop_fd is None:
+                time.sleep(PARENT_CHECK_SECONDS)
+            elif select.select([stop_fd], [], [], PARENT_CHECK_SECONDS)[0]:
+                break
         os.kill(os.getpid(), signal.SIGKILL)        # no clean-up: the parent's state
 
     threading.Thread(target=watch, name="tinytf-parent-watch", daemon=True).start()
 
 
-def _start_worker(initializer, initargs, parent: int, stop) -> None:
+def _start_worker(initializer, initargs, parent: int, stop_fd) -> None:
     """A worker's first act: SIGINT ignored (a terminal's Ctrl-C reaches the whole process
     group; the parent stops and ends its workers), SIGTERM and SIGUSR1 back to their default
     actions (a fork inherits the parent's handlers, such as a training run's stop handler,
     which must not run in a worker), the signals held back by the fork let through, and
-    an end with process ``parent`` or at its ``stop`` (:func:`_end_with`); then
+    an end with process ``parent`` or at its word on ``stop_fd`` (:func:`_end_with`); then
     ``initializer(*initargs)``."""
-    _end_with(parent, stop)
+    _end_with(parent, stop_fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for sig in STOP_SIGNALS:
         if sig != signal.SIGINT:
@@ -153,11 +161,12 @@ def ordered_map(fn, items, workers: int, initializer=None, initargs=()):
             initializer(*initargs)
         yield from map(fn, items)
         return
-    context = multiprocessing.get_context("fork" if can_fork() else "spawn")
-    stop = context.Event()
+    fork = can_fork()
+    context = multiprocessing.get_context("fork" if fork else "spawn")
+    stop_read, stop_write = os.pipe() if fork else (None, None)   # (forked workers inherit it)
     pool = concurrent.futures.ProcessPoolExecutor(
         workers, mp_context=context, initializer=_start_worker,
-        initargs=(initializer, initargs, os.getpid(), stop))
+        initargs=(initializer, initargs, os.getpid(), stop_read))
     pending = collections.deque()
     try:
         for item in items:
@@ -172,7 +181,13 @@ def ordered_map(fn, items, workers: int, initializer=None, initargs=()):
         # started are dropped, and the workers end within a second rather than after their
         # pieces in progress (seconds each at WMT size, which the interpreter's exit would
         # wait for).
-        stop.set()
+        if stop_write is not None:
+            os.write(stop_write, b"x")      # (a byte that no one reads: every worker sees it)
         pool.shutdown(wait=False, cancel_futures=True)
         raise
-    pool.shutdown(wait=True)
+    else:
+        pool.shutdown(wait=True)
+    finally:
+        for fd in (stop_read, stop_write):
+            if fd is not None:
+                os.close(fd)
