@@ -1462,6 +1462,36 @@ def test_ctrl_c_before_the_first_update_is_one_line_and_exit_130(
     assert capsys.readouterr().err.strip().endswith("interrupted; no update to save")
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
+def test_a_stop_signal_while_the_run_starts_is_one_line(data_dir, tmp_path, monkeypatch,
+                                                        capsys, sig):
+    """A scheduler's SIGTERM (or SIGUSR1, or a Ctrl-C) while the run starts, here while its
+    corpus is encoded: the start stops at once, with one line and 128 + N (before, SIGTERM
+    and SIGUSR1 killed the process by their default action, without a word); the BPE
+    model learnt is kept for the requeue."""
+    from tinytf.commands import train as train_command
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), sig)
+        time.sleep(30)                  # the handler raises here
+        raise AssertionError("the signal did not stop the start")
+
+    monkeypatch.setattr(trainer, "prepared_corpus", signalled)
+    sets = [a for s in TINY for a in ("--set", s)]
+    out = tmp_path / "run"
+    status = train_command.main(["--data", data_dir, "--out", str(out), "--vocab-size", "300",
+                                 "--max-steps", "1", *sets])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert status == 128 + sig, last
+    if sig == signal.SIGINT:
+        assert last.endswith("interrupted; no update to save"), last
+    else:
+        assert last == f"{os.path.basename(sys.argv[0]) or 'train.py'}: stopped by signal " \
+            f"{int(sig)} ({sig.name}) before the first update; no update to save", last
+    assert (out / "bpe.json").is_file()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL     # the handlers given back
+
+
 def test_run_files_that_cannot_be_written_are_one_line_or_a_warning(
         data_dir, tmp_path, capsys, file_size_limit):
     """Files that the disk refuses at the start (a file-size limit, as a full disk refuses)

@@ -42,6 +42,7 @@ import importlib.util
 import itertools
 import math
 import os
+import signal
 import time
 
 import numpy as np
@@ -112,7 +113,15 @@ class Trainer:
         self.log = Logger(self.run_dir, enabled=self.root, stream=log_stream)
         self.signals = StopSignals(self.log)
         try:
-            self._start(cfg, paths)
+            # A stop signal while the run starts (the BPE learnt, the corpus encoded, the
+            # pace timed) stops it at once; what is written is whole, and no update is lost.
+            with self.signals.catching(), self.signals.interrupting():
+                self._start(cfg, paths)
+        except StopRequested as stop:
+            self.close()
+            if stop.args[0] == signal.SIGINT:   # a Ctrl-C, as Python reports its own
+                raise KeyboardInterrupt from None
+            raise
         except BaseException:
             self.close()                 # a run that fails to start leaves the directory
             raise

@@ -8,7 +8,8 @@
 
 Log lines go to stderr (and RUNDIR/train.log); stdout gets one JSON line summarising the run.
 Exit status: 0 done, 1 internal error, 2 usage or data error, 128 + N stopped by signal N
-(SIGINT 130, SIGUSR1 138, SIGTERM 143) after writing its checkpoint. See docs/training.md.
+(SIGINT 130, SIGUSR1 138, SIGTERM 143) after writing its checkpoint, or before the first
+update with nothing to save. See docs/training.md.
 """
 import argparse
 import json
@@ -22,6 +23,7 @@ from tinytf.commands import default_device
 from tinytf.checkpoint import CheckpointError
 from tinytf.data import DataError
 from tinytf.schedule import SCHEDULES
+from tinytf.stop_signals import StopRequested
 from tinytf.streams import drop_stdout
 from tinytf.run import train
 from tinytf.run_dir import resumed_config
@@ -209,7 +211,7 @@ def _gpu_of_a_resumed_run(comm) -> None:
 
 def main(argv=None) -> int:
     """Run the command line; returns the exit status (0 done, 2 usage or data error,
-    128 + N stopped by signal N with its checkpoint, 130 interrupted before training)."""
+    128 + N stopped by signal N with its checkpoint, or before the first update)."""
     args = build_parser().parse_args(argv)
     given = given_options(sys.argv[1:] if argv is None else argv)
     if args.device == "gpu":  # read by tinytf.backend and by distributed.init (GPU choice)
@@ -237,6 +239,13 @@ def main(argv=None) -> int:
                 raise                   # comm.guard() ends every rank
             print(f"{_prog()}: interrupted; no update to save", file=sys.stderr)
             return 128 + signal.SIGINT
+        except StopRequested as stop:   # SIGTERM or SIGUSR1 while the run started
+            if comm.size > 1:
+                raise
+            number = stop.args[0]
+            print(f"{_prog()}: stopped by signal {number} ({signal.Signals(number).name}) "
+                  "before the first update; no update to save", file=sys.stderr)
+            return 128 + number
         if comm.is_root:
             try:
                 print(json.dumps(summary, sort_keys=True), flush=True)
