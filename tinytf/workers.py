@@ -178,9 +178,8 @@ def ordered_map(fn, items, workers: int, initializer=None, initargs=()):
             yield pending.popleft().result()
     except BaseException:
         # Stopped early (an error, Ctrl-C, a consumer that stopped reading): the pieces not
-        # started are dropped, and the workers end within a second rather than after their
-        # pieces in progress (seconds each at WMT size, which the interpreter's exit would
-        # wait for).
+        # started are dropped, and the workers end at once rather than after their pieces
+        # in progress (seconds each at WMT size, which the interpreter's exit would wait for).
         if stop_write is not None:
             os.write(stop_write, b"x")      # (a byte that no one reads: every worker sees it)
         pool.shutdown(wait=False, cancel_futures=True)
