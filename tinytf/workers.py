@@ -96,11 +96,12 @@ STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SI
 
 
 @contextlib.contextmanager
-def _stop_signals_held():
-    """The stop signals held back (pending, not lost) while the block forks workers: in the
-    parent, a handler that ran inside fork's at-fork hooks would have its exception ignored,
-    and a worker must not run the parent's handler before :func:`_start_worker` replaces
-    it. They are delivered when the block ends (in a worker, when it has its own)."""
+def stop_signals_held():
+    """The stop signals held back (pending, not lost) while the block runs, and delivered
+    when it ends: work that a stop must not cut in two (a block of output written and
+    counted). :func:`ordered_map` holds them while it forks workers: in the parent, a
+    handler that ran inside fork's at-fork hooks would have its exception ignored, and a
+    worker must not run the parent's handler before :func:`_start_worker` replaces it."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
@@ -170,7 +171,7 @@ def ordered_map(fn, items, workers: int, initializer=None, initargs=()):
     pending = collections.deque()
     try:
         for item in items:
-            with _stop_signals_held():      # the first submit forks the workers
+            with stop_signals_held():       # the first submit forks the workers
                 pending.append(pool.submit(fn, item))
             if len(pending) >= 2 * workers:
                 yield pending.popleft().result()

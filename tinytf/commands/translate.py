@@ -18,18 +18,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 
 from tinytf import amp, backend
 from tinytf.bpe import BPEFileError
 from tinytf.commands import default_device
 from tinytf.fast.transposed import transposed_weights
 from tinytf.search import Hypothesis
+from tinytf.stop_signals import StopRequested
 from tinytf.streams import drop_stdout, note, write_all
 from tinytf.translation import (
     Progress, SearchOptions, TranslationError, Translator, corpus_bleu, corpus_chrf,
     read_text_lines, stream_line_blocks)
-from tinytf.workers import thread_budget
+from tinytf.workers import STOP_SIGNALS, stop_signals_held, thread_budget
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -225,6 +228,20 @@ def _print_scores(args, best, references, done) -> None:
         print(chrf.format(signature=chrf_sig), file=stream)
 
 
+def _stop_on_signals() -> dict:
+    """SIGTERM and SIGUSR1 (a scheduler's stop) raise :class:`StopRequested` where the
+    command is, as SIGINT raises KeyboardInterrupt: it ends with the lines written so far
+    whole, and says how many. Returns the handlers replaced (none outside the main
+    thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def stop(signum, frame):
+        raise StopRequested(signum)
+
+    return {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS if sig != signal.SIGINT}
+
+
 def _prog() -> str:
     """The program's name for messages: ``translate.py`` or ``tinytf-translate``, as it was
     called."""
@@ -234,14 +251,15 @@ def _prog() -> str:
 def main(argv=None) -> int:
     """Run the command line; returns the exit status: 0 done, 2 usage or data error (one
     line naming the file), 141 the output pipe closed (128 + SIGPIPE), 130 interrupted
-    (Ctrl-C: the lines translated so far are written); 1 is an internal error (a
-    traceback)."""
+    (Ctrl-C: the lines translated so far are written), 143 or 138 stopped by SIGTERM or
+    SIGUSR1 (the same); 1 is an internal error (a traceback)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     _check(args, parser)
     name = "<stdin>" if args.input == "-" else args.input
     out = infile = None
     done = 0
+    handlers = {}
     try:
         problem = backend.gpu_unusable() if args.device == "gpu" else None
         if problem is not None:     # before any file is opened or written
@@ -272,6 +290,7 @@ def main(argv=None) -> int:
         workers = args.workers or thread_budget()
         progress = Progress(every=5.0) if not args.quiet else None
         best = []
+        handlers = _stop_on_signals()   # a scheduler's SIGTERM or SIGUSR1: as a Ctrl-C
         # The weights are fixed for the whole command: their transposes are copied once for
         # all the blocks, not once per block (docs/decoding.md, "Cores").
         with transposed_weights(translator.model):
@@ -281,13 +300,15 @@ def main(argv=None) -> int:
                 sources = translator.encode_lines(lines, name)
                 results = translator.translate_ids(sources, options, args.batch_size,
                                                    args.max_tokens, workers=workers)
-                _write(out, [line + "\n" for line in _format(
-                    translator, results, args.nbest, done)], args.output, done)
+                with stop_signals_held():   # a block is written whole and counted, or not
+                    _write(out, [line + "\n" for line in _format(
+                        translator, results, args.nbest, done)], args.output, done)
+                    done += len(lines)
                 if args.print_attention:
-                    _write_svgs(translator, sources, results, args.print_attention, done + 1)
+                    _write_svgs(translator, sources, results, args.print_attention,
+                                done - len(lines) + 1)
                 if references is not None:
                     best += [translator.detokenize(n[0]) if n else "" for n in results]
-                done += len(lines)
                 if progress is not None:
                     progress(done, None)
         if progress is not None:
@@ -306,7 +327,14 @@ def main(argv=None) -> int:
         # end with the parent.
         print(f"{_prog()}: interrupted after {done:,} lines", file=sys.stderr)
         return 128 + 2                  # SIGINT
+    except StopRequested as stop:
+        number = stop.args[0]
+        print(f"{_prog()}: stopped by signal {number} ({signal.Signals(number).name}) after "
+              f"{done:,} lines", file=sys.stderr)
+        return 128 + number
     finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         if infile is not None:
             infile.close()
         if out is not None and out is not sys.stdout.buffer:
