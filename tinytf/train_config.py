@@ -275,8 +275,8 @@ FLAGS = frozenset((
     "vocab_size", "seed", "resume", "device", "precision", "cuda_graph", "log_interval",
     "save_interval", "valid_interval", "keep_last", "clip_norm", "max_epochs", "patience",
     "best_metric", "valid_samples", "init_from", "workers"))
-"""The options that ``train.py`` has a flag for (``--max-tokens``); the rest are set with
-``--set key=value``."""
+"""The options that ``train.py`` has a flag for (``--max-tokens``), each parsed into the
+field of its name; the rest are set with ``--set key=value``."""
 
 
 def option_of(key: str) -> str:

@@ -27,7 +27,7 @@ from tinytf.stop_signals import StopRequested
 from tinytf.streams import drop_stdout
 from tinytf.run import train
 from tinytf.run_dir import resumed_config
-from tinytf.train_config import OPTIMIZERS, TrainConfig, TrainError, apply_overrides
+from tinytf.train_config import FLAGS, OPTIMIZERS, TrainConfig, TrainError, apply_overrides
 
 USER_ERRORS = (TrainError, DataError, CheckpointError, BPEFileError)
 
@@ -174,18 +174,7 @@ def given_options(argv) -> set:
 def config_from_args(args, given=frozenset()) -> TrainConfig:
     """TrainConfig from parsed arguments, with --set applied and every value checked; with
     --resume, the run's stored options with the ``given`` ones on top."""
-    cfg = TrainConfig(
-        data=args.data, src=args.src, tgt=args.tgt, out=args.out, config=args.config,
-        max_tokens=args.max_tokens, min_updates=args.min_updates,
-        update_freq=args.update_freq, max_steps=args.max_steps,
-        max_minutes=args.max_minutes, lr_schedule=args.lr_schedule, lr=args.lr,
-        warmup=args.warmup, lr_factor=args.lr_factor, optimizer=args.optimizer,
-        vocab_size=args.vocab_size, seed=args.seed, resume=args.resume, device=args.device,
-        precision=args.precision, cuda_graph=args.cuda_graph,
-        log_interval=args.log_interval, save_interval=args.save_interval,
-        valid_interval=args.valid_interval, keep_last=args.keep_last, clip_norm=args.clip_norm,
-        max_epochs=args.max_epochs, patience=args.patience, best_metric=args.best_metric,
-        valid_samples=args.valid_samples, init_from=args.init_from, workers=args.workers)
+    cfg = TrainConfig(**{key: getattr(args, key) for key in FLAGS})   # each flag's option
     if args.resume:
         return resumed_config(cfg, given, args.set).resolved()
     return apply_overrides(cfg, args.set).resolved()
