@@ -8,16 +8,19 @@ script again. They must touch no MPI or GPU state.
 """
 from __future__ import annotations
 
+import atexit
 import collections
-import concurrent.futures
 import contextlib
 import ctypes
 import multiprocessing
+import multiprocessing.connection
+import multiprocessing.util  # noqa: F401 (its exit handler is registered before ours)
 import os
-import select
+import pickle
+import queue
 import signal
 import threading
-import time
+import traceback
 
 # What OpenBLAS's thread-count setter is called in the builds that NumPy ships (scipy-openblas,
 # 64-bit integers) and in a distribution's own library.
@@ -101,7 +104,7 @@ def stop_signals_held():
     when it ends: work that a stop must not cut in two (a block of output written and
     counted). :func:`ordered_map` holds them while it forks workers: in the parent, a
     handler that ran inside fork's at-fork hooks would have its exception ignored, and a
-    worker must not run the parent's handler before :func:`_start_worker` replaces it."""
+    worker must not run the parent's handler before :func:`_worker_main` ignores them."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
@@ -115,79 +118,232 @@ def stop_signals_held():
 PARENT_CHECK_SECONDS = 1.0
 
 
-def _end_with(parent: int, stop_fd) -> None:
-    """End this worker, by a thread that looks every :data:`PARENT_CHECK_SECONDS`, once
-    process ``parent`` is gone (killed by a signal, SIGKILL included, or by the OOM killer)
-    or once the pipe ``stop_fd`` (its read end; None: no such pipe) has a byte to read: the
-    parent stopped early and drops the pieces in progress. Nothing is read, so every worker
-    sees it; and nothing waits for the workers to answer (a multiprocessing Event's ``set``
-    waits for every waiter, for ever for a worker that a signal killed). An orphaned worker
-    would otherwise live on: blocked for ever writing its result into a pipe whose other end
-    the other orphans hold, with its memory (hundreds of MB of word counts at WMT size) and
-    the files it inherited (a run directory's lock)."""
-    def watch():
-        while os.getppid() == parent:
-            if stop_fd is None:
-                time.sleep(PARENT_CHECK_SECONDS)
-            elif select.select([stop_fd], [], [], PARENT_CHECK_SECONDS)[0]:
-                break
-        os.kill(os.getpid(), signal.SIGKILL)        # no clean-up: the parent's state
-
-    threading.Thread(target=watch, name="tinytf-parent-watch", daemon=True).start()
+class WorkerError(RuntimeError):
+    """A worker process of :func:`ordered_map` ended before it answered for its pieces (the
+    OOM killer, a SIGKILL sent to it alone)."""
 
 
-def _start_worker(initializer, initargs, parent: int, stop_fd) -> None:
-    """A worker's first act: SIGINT ignored (a terminal's Ctrl-C reaches the whole process
-    group; the parent stops and ends its workers), SIGTERM and SIGUSR1 back to their default
-    actions (a fork inherits the parent's handlers, such as a training run's stop handler,
-    which must not run in a worker), the signals held back by the fork let through, and
-    an end with process ``parent`` or at its word on ``stop_fd`` (:func:`_end_with`); then
-    ``initializer(*initargs)``."""
-    _end_with(parent, stop_fd)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _describe_exit(code) -> str:
+    """A process's end, in words: "exit status 1", "signal 9 (SIGKILL)"."""
+    if code is None or code >= 0:
+        return f"exit status {code}"
+    try:
+        return f"signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _receive_tasks(tasks, inbox, parent: int) -> None:
+    """A worker's thread that reads its pieces from the pipe ``tasks`` as they come, into
+    ``inbox``, so that the parent never waits on a busy worker to send it the next one (and
+    the worker never waits on the parent, which might be sending, to take its result). It
+    ends the worker at once (SIGKILL: no clean-up, the parent's state is not its own) when
+    process ``parent`` is gone, looking every :data:`PARENT_CHECK_SECONDS`, however the
+    parent ended (SIGKILL and the OOM killer included): an orphaned worker would hold its
+    memory (hundreds of MB of word counts at WMT size) and the files it inherited, a run
+    directory's lock among them, so that a requeued run would be refused."""
+    while os.getppid() == parent:
+        try:
+            if not tasks.poll(PARENT_CHECK_SECONDS):
+                continue
+            task = tasks.recv()
+        except (EOFError, OSError):     # the parent's end closed: the parent is gone
+            break
+        except Exception as exc:        # read whole, but it does not unpickle here
+            task = (None, exc)
+        inbox.put(task)
+        if task == _DONE:
+            return
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+_DONE = ()
+"""What the parent sends a worker when it has no more pieces for it (a piece comes as the
+1-tuple ``(piece,)``; one that the worker cannot read becomes ``(None, the error)``)."""
+
+
+def _worker_main(tasks, results, fn, initializer, initargs, parent: int, inherited) -> None:
+    """A worker process: ``initializer(*initargs)``, then ``fn(piece)`` for each piece that
+    comes on the pipe ``tasks``, in order, each answered on the pipe ``results`` by
+    ``(True, value, None)`` or ``(False, exception, its traceback in words)``.
+
+    It closes the ``inherited`` connections (its forked copies of its elder siblings'
+    pipes, so that each pipe's ends are held by its parent and its worker alone, and an end
+    closed by either is seen by the other) and ignores the stop signals (a terminal's Ctrl-C
+    and a scheduler's SIGTERM reach the whole process group): the parent decides, and ends
+    its workers. No pipe is shared between workers, so a worker killed at any instant, even
+    half-way through writing a result, leaves its siblings and its parent a clean state."""
+    for connection in inherited:
+        connection.close()
     for sig in STOP_SIGNALS:
-        if sig != signal.SIGINT:
-            signal.signal(sig, signal.SIG_DFL)
-    if hasattr(signal, "pthread_sigmask"):
+        signal.signal(sig, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):      # held back by the fork (`stop_signals_held`)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    inbox = queue.SimpleQueue()
+    threading.Thread(target=_receive_tasks, args=(tasks, inbox, parent),
+                     name="tinytf-tasks", daemon=True).start()
+    failed = None
     if initializer is not None:
-        initializer(*initargs)
+        try:
+            initializer(*initargs)
+        except Exception as exc:            # every piece answers with it
+            failed = (False, exc, traceback.format_exc())
+    while (task := inbox.get()) != _DONE:
+        answer = failed
+        if len(task) == 2:
+            answer = (False, WorkerError(f"a piece cannot be read in a worker: {task[1]!r}"),
+                      None)
+        if answer is None:
+            try:
+                answer = (True, fn(task[0]), None)
+            except Exception as exc:
+                answer = (False, exc, traceback.format_exc())
+        try:
+            results.send(answer)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:   # nothing written yet
+            results.send((False, WorkerError(f"a worker's answer cannot be sent to its "
+                                             f"parent: {exc}"), traceback.format_exc()))
+        except OSError:             # EPIPE: the parent is gone (and so is this worker, soon)
+            return
+
+
+PIPE_BYTES = 1 << 20
+
+
+def _widen(connection) -> None:
+    """Give the pipe under ``connection`` a buffer of :data:`PIPE_BYTES` (Linux; 64 KiB
+    otherwise): a piece of megabytes then crosses in a few reads, not hundreds, each of
+    which a busy worker's reader thread waits for the interpreter's lock to make."""
+    try:
+        import fcntl  # noqa: PLC0415 - POSIX only; imported where it is used
+    except ImportError:
+        return
+    if hasattr(fcntl, "F_SETPIPE_SZ"):
+        with contextlib.suppress(OSError):      # above /proc/sys/fs/pipe-max-size
+            fcntl.fcntl(connection.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+
+
+class _Worker:
+    """One worker process, its two pipes and the answers it owes (see :func:`_worker_main`)."""
+
+    def __init__(self, context, fn, initializer, initargs, siblings):
+        tasks_read, self.tasks = context.Pipe(duplex=False)
+        self.results, results_write = context.Pipe(duplex=False)
+        for end in (self.tasks, self.results):
+            _widen(end)
+        inherited = []                  # what a fork copies of the parent's ends
+        if context.get_start_method() == "fork":
+            inherited = [c for w in [self, *siblings] for c in (w.tasks, w.results)]
+        self.process = context.Process(
+            target=_worker_main, name="tinytf-worker", daemon=True,
+            args=(tasks_read, results_write, fn, initializer, initargs, os.getpid(),
+                  inherited))
+        with stop_signals_held():   # no handler of the parent's runs in the fork
+            self.process.start()
+        tasks_read.close()          # the worker's ends are its own
+        results_write.close()
+        self.owed = 0
+        self.answers = collections.deque()
+
+    def send(self, piece) -> None:
+        """Give the worker ``piece`` (its reader thread takes it at once)."""
+        try:
+            self.tasks.send((piece,))
+        except OSError as exc:      # EPIPE: it died
+            raise self.died() from exc
+        self.owed += 1
+
+    def receive(self) -> None:
+        """Take the next answer from the pipe (one is ready) into :attr:`answers`."""
+        try:
+            self.answers.append(self.results.recv())
+        except (EOFError, OSError) as exc:     # killed, maybe half-way through an answer
+            raise self.died() from exc
+        except Exception as exc:               # read whole, but it does not unpickle here
+            self.answers.append((False, WorkerError(f"an answer of worker process "
+                                                    f"{self.process.pid} cannot be read: "
+                                                    f"{exc!r}"), None))
+
+    def died(self) -> WorkerError:
+        """The error to raise for a worker found dead (its pipe closed)."""
+        self.process.join(1.0)
+        return WorkerError(f"worker process {self.process.pid} ended with "
+                           f"{_describe_exit(self.process.exitcode)} before it finished "
+                           f"its pieces (out of memory?)")
+
+    def end(self, kill: bool) -> None:
+        """Stop the worker: told it has no more pieces, or (``kill``) at once, SIGKILL."""
+        if kill:
+            self.process.kill()
+        else:
+            with contextlib.suppress(OSError):
+                self.tasks.send(_DONE)
+        self.process.join()
+        self.tasks.close()
+        self.results.close()
+
+
+_LIVE = set()
+"""The workers of every :func:`ordered_map` in progress: the interpreter's exit kills those
+of a map left unfinished (multiprocessing's own exit would wait for them, and they ignore
+SIGTERM)."""
+
+
+@atexit.register
+def _kill_live_workers() -> None:      # registered after multiprocessing's: runs before it
+    for worker in list(_LIVE):
+        worker.process.kill()
+
+
+def _answer(worker: _Worker, pool: list):
+    """``worker``'s next answer, ``value`` or the exception raised: reads the other workers'
+    answers that come in the meantime, so that none waits on its pipe while the parent waits."""
+    while not worker.answers:
+        busy = [w for w in pool if w.owed > len(w.answers)]
+        ready = multiprocessing.connection.wait([w.results for w in busy])
+        for w in busy:
+            if w.results in ready:
+                w.receive()
+    worker.owed -= 1
+    ok, value, trace = worker.answers.popleft()
+    if ok:
+        return value
+    if trace and hasattr(value, "add_note"):
+        value.add_note(f"in worker process {worker.process.pid}:\n{trace.rstrip()}")
+    raise value
 
 
 def ordered_map(fn, items, workers: int, initializer=None, initargs=()):
     """Yield ``fn(item)`` for each item, in order: in this process for one worker (after
-    ``initializer(*initargs)``), else in ``workers`` processes, each initialised once."""
+    ``initializer(*initargs)``), else in ``workers`` processes, each initialised once.
+
+    An exception raised by ``fn`` in a worker is raised here, at its item's turn. The map
+    stops early when the caller does (an error, Ctrl-C, a consumer that stops reading): the
+    workers are killed at once, not waited for (their pieces in progress take seconds each at
+    WMT size). A worker that dies is a :class:`WorkerError`."""
     if workers <= 1:
         if initializer is not None:
             initializer(*initargs)
         yield from map(fn, items)
         return
-    fork = can_fork()
-    context = multiprocessing.get_context("fork" if fork else "spawn")
-    stop_read, stop_write = os.pipe() if fork else (None, None)   # (forked workers inherit it)
-    pool = concurrent.futures.ProcessPoolExecutor(
-        workers, mp_context=context, initializer=_start_worker,
-        initargs=(initializer, initargs, os.getpid(), stop_read))
-    pending = collections.deque()
+    context = multiprocessing.get_context("fork" if can_fork() else "spawn")
+    pool = []
+    finished = False
     try:
+        for _ in range(workers):
+            pool.append(_Worker(context, fn, initializer, initargs, pool))
+            _LIVE.add(pool[-1])
+        turns = collections.deque()         # the worker of each piece not yet yielded
         for item in items:
-            with stop_signals_held():       # the first submit forks the workers
-                pending.append(pool.submit(fn, item))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    except BaseException:
-        # Stopped early (an error, Ctrl-C, a consumer that stopped reading): the pieces not
-        # started are dropped, and the workers end at once rather than after their pieces
-        # in progress (seconds each at WMT size, which the interpreter's exit would wait for).
-        if stop_write is not None:
-            os.write(stop_write, b"x")      # (a byte that no one reads: every worker sees it)
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    else:
-        pool.shutdown(wait=True)
+            worker = min(pool, key=lambda w: w.owed)
+            worker.send(item)
+            turns.append(worker)
+            if len(turns) >= 2 * workers:
+                yield _answer(turns.popleft(), pool)
+        while turns:
+            yield _answer(turns.popleft(), pool)
+        finished = True
     finally:
-        for fd in (stop_read, stop_write):
-            if fd is not None:
-                os.close(fd)
+        for worker in pool:
+            worker.end(kill=not finished)
+            _LIVE.discard(worker)

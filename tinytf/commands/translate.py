@@ -324,7 +324,7 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt:
         # Every block written so far is complete and flushed; the workers ignore SIGINT and
-        # end with the parent.
+        # are killed as the map of blocks stops.
         print(f"{_prog()}: interrupted after {done:,} lines", file=sys.stderr)
         return 128 + 2                  # SIGINT
     except StopRequested as stop:
