@@ -1,11 +1,14 @@
 """Shared test set-up: Hypothesis profiles, the ``data_dir`` fixture of the training tests,
 ``cupy_without_a_gpu`` for the commands' ``--device gpu`` on a machine that cannot use one, and
 ``file_size_limit`` for a subprocess whose writes a file system refuses, as a full disk does.
+A session that has reported its results but does not exit within `EXIT_SECONDS` (a thread or
+process that the interpreter's exit waits on) prints every thread's stack and exits 1.
 
 Profiles: "ci" (default) keeps the suite fast on 2 cores; "dev" searches harder. Select one
 with HYPOTHESIS_PROFILE=dev. "ci" keeps no example database, so every run starts
 fresh; a failure prints the falsifying example and a reproduction blob.
 """
+import faulthandler
 import os
 import resource
 import signal
@@ -81,3 +84,12 @@ def _file_size_limit(limit: int):
 def file_size_limit():
     """``file_size_limit(limit)``: a ``preexec_fn`` (see `_file_size_limit`)."""
     return _file_size_limit
+
+
+EXIT_SECONDS = 120
+
+
+def pytest_unconfigure(config):
+    """The session has reported: from here, a hang at the interpreter's exit is a failure
+    with the stacks that say what it waits on, not a CI job that never ends."""
+    faulthandler.dump_traceback_later(EXIT_SECONDS, exit=True)
