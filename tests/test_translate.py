@@ -350,6 +350,23 @@ def test_cli_device_gpu_without_a_usable_gpu_writes_nothing(run_dir, tmp_path, c
     assert len(err.strip().splitlines()) == 1 and not out.exists()
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
+def test_cli_a_killed_decoding_worker_is_one_line_and_exit_1(run_dir, tmp_path, monkeypatch,
+                                                             capsys):
+    """A decoding worker killed (by the OOM killer): one line that says so and how many
+    lines are written, exit 1, no traceback."""
+    from tinytf import decode_workers  # noqa: PLC0415
+    from tinytf.commands import translate as command  # noqa: PLC0415
+    monkeypatch.setattr(decode_workers, "_translate_job",
+                        lambda job: os.kill(os.getpid(), signal.SIGKILL))
+    code = command.main(["--model", str(run_dir), "--input", str(DATA / "test.en"),
+                         "--output", str(tmp_path / "out.de"), "--workers", "2", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert ": error: worker process " in err and "ended with signal 9 (SIGKILL)" in err and \
+        err.strip().endswith("; the first 0 lines are written"), err
+
+
 @pytest.mark.parametrize("to_stdout", [False, True])
 def test_cli_a_full_disk_is_one_line_naming_the_output(run_dir, test_lines, tmp_path,
                                                        file_size_limit, to_stdout):

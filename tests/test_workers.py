@@ -209,3 +209,50 @@ def test_results_come_in_order_and_errors_at_their_turn():
         list(ordered_map(_refuse_odd, [0, 2], 2, initializer=_fail_to_start))
     assert list(ordered_map(_refuse_odd, range(0, 40, 2), 2)) == [i * i for i in
                                                                   range(0, 40, 2)]
+
+
+def _killed(*args):
+    """A worker's piece that ends its process as the OOM killer would."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _one_line_exit_1(status, err, prog):
+    lines = err.strip().splitlines()
+    assert status == 1 and "Traceback" not in err, err
+    assert lines[-1].startswith(prog) and ": error: worker process " in lines[-1] and \
+        "ended with signal 9 (SIGKILL) before it finished its pieces (out of memory?" in \
+        lines[-1], err
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
+def test_a_killed_worker_is_one_line_and_exit_1_in_each_command(
+        data_dir, tmp_path, monkeypatch, capsys):
+    """A worker killed (by the OOM killer) while train.py learns its BPE, tinytf-prepare
+    encodes the corpus or ``tinytf-bpe encode --workers 2`` encodes its input: one line
+    that says so, exit 1, no traceback."""
+    import io
+
+    from tinytf.commands import prepare as prepare_command
+    from tinytf.commands import train as train_command
+    from tinytf.text import cli, learn
+    from tinytf import prepare
+
+    with monkeypatch.context() as patch:
+        patch.setattr(learn, "_count_range", _killed)
+        status = train_command.main(["--data", data_dir, "--out", str(tmp_path / "t"),
+                                     "--vocab-size", "300", "--workers", "2",
+                                     "--max-steps", "1"])
+        _one_line_exit_1(status, capsys.readouterr().err, os.path.basename(sys.argv[0]))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(prepare, "_encode_in_worker", _killed)
+        status = prepare_command.main(["--data", data_dir, "--out", str(tmp_path / "p"),
+                                       "--vocab-size", "300", "--workers", "2"])
+        _one_line_exit_1(status, capsys.readouterr().err, "tinytf-prepare")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(cli, "_encode_block", _killed)
+        patch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a house\n" * 50)))
+        status = cli.main(["encode", "--model", str(tmp_path / "p" / "bpe.json"),
+                           "--workers", "2"])
+        _one_line_exit_1(status, capsys.readouterr().err, "python -m tinytf.bpe")

@@ -267,9 +267,11 @@ class _Worker:
     def died(self) -> WorkerError:
         """The error to raise for a worker found dead (its pipe closed)."""
         self.process.join(1.0)
+        code = self.process.exitcode
+        hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" \
+            if code == -getattr(signal, "SIGKILL", 9) else ""
         return WorkerError(f"worker process {self.process.pid} ended with "
-                           f"{_describe_exit(self.process.exitcode)} before it finished "
-                           f"its pieces (out of memory?)")
+                           f"{_describe_exit(code)} before it finished its pieces{hint}")
 
     def end(self, kill: bool) -> None:
         """Stop the worker: told it has no more pieces, or (``kill``) at once, SIGKILL."""

@@ -24,6 +24,7 @@ from tinytf.data import DataError
 from tinytf.run_dir import (RunLock, data_paths, has_checkpoint, make_run_dir,
                             prepared_corpus, run_bpe, write_run_config)
 from tinytf.train_config import TrainConfig, TrainError, apply_overrides
+from tinytf.workers import WorkerError
 
 
 class _Log:
@@ -79,6 +80,9 @@ def main(argv=None) -> int:
     except (TrainError, DataError, BPEFileError) as e:
         print(f"tinytf-prepare: error: {e}", file=sys.stderr)
         return 2
+    except WorkerError as e:    # killed (out of memory?): what is written is whole
+        print(f"tinytf-prepare: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:   # what is written is whole; the next run redoes the rest
         print("tinytf-prepare: interrupted", file=sys.stderr)
         return 128 + 2                  # SIGINT

@@ -28,6 +28,7 @@ from tinytf.streams import drop_stdout
 from tinytf.run import train
 from tinytf.run_dir import resumed_config
 from tinytf.train_config import FLAGS, OPTIMIZERS, TrainConfig, TrainError, apply_overrides
+from tinytf.workers import WorkerError
 
 USER_ERRORS = (TrainError, DataError, CheckpointError, BPEFileError)
 
@@ -221,6 +222,11 @@ def main(argv=None) -> int:
                 comm.abort(f"{_prog()}: error: {e}", code=2)
             print(f"{_prog()}: error: {e}", file=sys.stderr)
             return 2
+        except WorkerError as e:        # killed (out of memory?); what is written is whole
+            if comm.size > 1:
+                comm.abort(f"{_prog()}: error: {e}", code=1)
+            print(f"{_prog()}: error: {e}", file=sys.stderr)
+            return 1
         except KeyboardInterrupt:
             # Ctrl-C before the first update or after the last one: the stop signals are
             # the run's own from the first update to the summary (tinytf.stop_signals).

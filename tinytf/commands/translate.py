@@ -32,7 +32,7 @@ from tinytf.streams import drop_stdout, note, write_all
 from tinytf.translation import (
     Progress, SearchOptions, TranslationError, Translator, corpus_bleu, corpus_chrf,
     read_text_lines, stream_line_blocks)
-from tinytf.workers import STOP_SIGNALS, stop_signals_held, thread_budget
+from tinytf.workers import STOP_SIGNALS, WorkerError, stop_signals_held, thread_budget
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -322,6 +322,9 @@ def main(argv=None) -> int:
     except (TranslationError, BPEFileError, OSError) as e:
         print(f"{_prog()}: error: {e}", file=sys.stderr)
         return 2
+    except WorkerError as e:            # killed (out of memory?); the blocks written are whole
+        print(f"{_prog()}: error: {e}; the first {done:,} lines are written", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         # Every block written so far is complete and flushed; the workers ignore SIGINT and
         # are killed as the map of blocks stops.

@@ -15,7 +15,7 @@ import sys
 import time
 
 from tinytf.streams import drop_stdout, note, write_all
-from tinytf.workers import ordered_map
+from tinytf.workers import WorkerError, ordered_map
 
 
 class _OutputError(Exception):
@@ -195,4 +195,7 @@ def main(argv=None):
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted", file=sys.stderr)
         return 128 + 2                  # SIGINT
+    except WorkerError as e:            # killed (out of memory?)
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 1
     return 0
