@@ -4,8 +4,10 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -284,3 +286,29 @@ def test_prepare_command_readies_a_run_directory(data_dir, tmp_path):
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and f"--out {a_file}: a file, not a run directory" in \
             proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
+def test_a_stop_signal_stops_the_prepare_command_with_one_line(data_dir, tmp_path, monkeypatch,
+                                                               capsys, sig):
+    """A scheduler's SIGTERM (or SIGUSR1, or a Ctrl-C) while tinytf-prepare encodes the
+    corpus: it stops at once, with one line and 128 + N (SIGTERM and SIGUSR1 used to kill
+    it by their default action, without a word); the BPE model learnt is kept, and the
+    handlers are given back."""
+    from tinytf.commands import prepare as prepare_command
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), sig)
+        time.sleep(30)                  # the handler raises here
+        raise AssertionError("the signal did not stop the preparation")
+
+    monkeypatch.setattr(prepare_command, "prepared_corpus", signalled)
+    out = tmp_path / "run"
+    status = prepare_command.main(["--data", data_dir, "--out", str(out), "--vocab-size",
+                                   "300", "--workers", "2"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert status == 128 + sig, last
+    assert last == ("tinytf-prepare: interrupted" if sig == signal.SIGINT else
+                    f"tinytf-prepare: stopped by signal {int(sig)} ({sig.name})"), last
+    assert (out / "bpe.json").is_file() and not (out / "corpus").exists()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

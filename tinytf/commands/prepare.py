@@ -11,10 +11,13 @@ pairs encoded once, :mod:`tinytf.corpus_file`; rebuilt when stale) and, where no
 started yet, ``RUNDIR/config.json`` with these options. A later ``train.py --out RUNDIR``
 with the same --data, --vocab-size and ``train_max_len`` maps them and starts in seconds
 (another --vocab-size is refused, as for any BPE already in RUNDIR): prepare on a CPU node,
-train on a GPU node. Exit status 0, or 2 for a data or usage
-error (named file and line). See docs/data.md ("The prepared corpus").
+train on a GPU node. Exit status 0, 2 for a data or usage error (named file and line), 1
+for a worker process killed (out of memory?), 128 + N for a stop signal N (Ctrl-C, a
+scheduler's SIGTERM or SIGUSR1: what is written is whole, and the next run goes on from it).
+See docs/data.md ("The prepared corpus").
 """
 import argparse
+import signal
 import sys
 import time
 
@@ -23,6 +26,7 @@ from tinytf.bpe import BPEFileError
 from tinytf.data import DataError
 from tinytf.run_dir import (RunLock, data_paths, has_checkpoint, make_run_dir,
                             prepared_corpus, run_bpe, write_run_config)
+from tinytf.stop_signals import StopRequested, StopSignals
 from tinytf.train_config import TrainConfig, TrainError, apply_overrides
 from tinytf.workers import WorkerError
 
@@ -59,34 +63,50 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
+    signals = StopSignals(_Log)
     try:
-        cfg = apply_overrides(TrainConfig(
-            data=args.data, src=args.src, tgt=args.tgt, out=args.out, config=args.config,
-            vocab_size=args.vocab_size, workers=args.workers), args.set).resolved()
-        paths = data_paths(cfg)
-        make_run_dir(cfg.out)
-        lock = RunLock(cfg.out)
-        try:
-            t0 = time.perf_counter()
-            comm = distributed.init()
-            _, sha, _ = run_bpe(cfg, comm, _Log, paths["train"])
-            corpus = prepared_corpus(cfg, comm, _Log, paths["train"], sha)
-            if not has_checkpoint(cfg.out):   # what a run that starts here is checked against
-                write_run_config(cfg.out, cfg, comm.size, "cpu")
-            _Log.info(f"{cfg.out} is ready: {len(corpus):,} training pairs "
-                      f"({time.perf_counter() - t0:.1f}s)")
-        finally:
-            lock.release()
+        # A stop signal stops it at once, as it stops train.py's start: the BPE model is
+        # written whole or not at all, and an unfinished corpus is removed.
+        with signals.catching(), signals.interrupting():
+            _prepare(args)
+    except StopRequested as stop:
+        number = stop.args[0]
+        print("tinytf-prepare: interrupted" if number == signal.SIGINT else
+              f"tinytf-prepare: stopped by signal {number} ({signal.Signals(number).name})",
+              file=sys.stderr)
+        return 128 + number
     except (TrainError, DataError, BPEFileError) as e:
         print(f"tinytf-prepare: error: {e}", file=sys.stderr)
         return 2
     except WorkerError as e:    # killed (out of memory?): what is written is whole
         print(f"tinytf-prepare: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:   # what is written is whole; the next run redoes the rest
+    except KeyboardInterrupt:   # (a Ctrl-C before the handlers are in place)
         print("tinytf-prepare: interrupted", file=sys.stderr)
         return 128 + 2                  # SIGINT
     return 0
+
+
+def _prepare(args) -> None:
+    """The run directory of ``args``: its BPE model, its corpus and (before any run) its
+    config.json, under its lock."""
+    cfg = apply_overrides(TrainConfig(
+        data=args.data, src=args.src, tgt=args.tgt, out=args.out, config=args.config,
+        vocab_size=args.vocab_size, workers=args.workers), args.set).resolved()
+    paths = data_paths(cfg)
+    make_run_dir(cfg.out)
+    lock = RunLock(cfg.out)
+    try:
+        t0 = time.perf_counter()
+        comm = distributed.init()
+        _, sha, _ = run_bpe(cfg, comm, _Log, paths["train"])
+        corpus = prepared_corpus(cfg, comm, _Log, paths["train"], sha)
+        if not has_checkpoint(cfg.out):   # what a run that starts here is checked against
+            write_run_config(cfg.out, cfg, comm.size, "cpu")
+        _Log.info(f"{cfg.out} is ready: {len(corpus):,} training pairs "
+                  f"({time.perf_counter() - t0:.1f}s)")
+    finally:
+        lock.release()
 
 
 if __name__ == "__main__":
