@@ -242,8 +242,13 @@ class _Worker:
             self.process.start()
         tasks_read.close()          # the worker's ends are its own
         results_write.close()
-        self.owed = 0
+        self.parent = os.getpid()
+        self.owed = 0               # answers not yet yielded: received, or to come
         self.answers = collections.deque()
+
+    def busy(self) -> int:
+        """The pieces it has not answered yet (as far as this process has read)."""
+        return self.owed - len(self.answers)
 
     def send(self, piece) -> None:
         """Give the worker ``piece`` (its reader thread takes it at once)."""
@@ -294,14 +299,15 @@ SIGTERM)."""
 @atexit.register
 def _kill_live_workers() -> None:      # registered after multiprocessing's: runs before it
     for worker in list(_LIVE):
-        worker.process.kill()
+        if worker.parent == os.getpid():    # (not in a fork that exits through here)
+            worker.process.kill()
 
 
 def _answer(worker: _Worker, pool: list):
     """``worker``'s next answer, ``value`` or the exception raised: reads the other workers'
     answers that come in the meantime, so that none waits on its pipe while the parent waits."""
     while not worker.answers:
-        busy = [w for w in pool if w.owed > len(w.answers)]
+        busy = [w for w in pool if w.busy()]
         ready = multiprocessing.connection.wait([w.results for w in busy])
         for w in busy:
             if w.results in ready:
@@ -337,7 +343,7 @@ def ordered_map(fn, items, workers: int, initializer=None, initargs=()):
             _LIVE.add(pool[-1])
         turns = collections.deque()         # the worker of each piece not yet yielded
         for item in items:
-            worker = min(pool, key=lambda w: w.owed)
+            worker = min(pool, key=_Worker.busy)     # the least busy, the first of equals
             worker.send(item)
             turns.append(worker)
             if len(turns) >= 2 * workers:
