@@ -200,8 +200,9 @@ def _gpu_of_a_resumed_run(comm) -> None:
 
 
 def main(argv=None) -> int:
-    """Run the command line; returns the exit status (0 done, 2 usage or data error,
-    128 + N stopped by signal N with its checkpoint, or before the first update)."""
+    """Run the command line; returns the exit status (0 done, 1 a worker process killed,
+    2 usage or data error, 128 + N stopped by signal N with its checkpoint, or before the
+    first update)."""
     args = build_parser().parse_args(argv)
     given = given_options(sys.argv[1:] if argv is None else argv)
     if args.device == "gpu":  # read by tinytf.backend and by distributed.init (GPU choice)

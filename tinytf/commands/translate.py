@@ -252,7 +252,8 @@ def main(argv=None) -> int:
     """Run the command line; returns the exit status: 0 done, 2 usage or data error (one
     line naming the file), 141 the output pipe closed (128 + SIGPIPE), 130 interrupted
     (Ctrl-C: the lines translated so far are written), 143 or 138 stopped by SIGTERM or
-    SIGUSR1 (the same); 1 is an internal error (a traceback)."""
+    SIGUSR1 (the same); 1 is a decoding worker killed (one line: out of memory?) or an
+    internal error (a traceback)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     _check(args, parser)

@@ -168,9 +168,9 @@ def build_parser():
 
 
 def main(argv=None):
-    """Run the command line; returns the exit status, as every tinytf command: 0 done, 2 a
-    data or usage error (one line on stderr naming the file, no traceback), 130 Ctrl-C,
-    141 a closed output pipe (quietly)."""
+    """Run the command line; returns the exit status, as every tinytf command: 0 done, 1 a
+    worker process killed (one line: out of memory?), 2 a data or usage error (one line on
+    stderr naming the file, no traceback), 130 Ctrl-C, 141 a closed output pipe (quietly)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if hasattr(sys.stdout, "reconfigure"):
