@@ -116,6 +116,8 @@ def stop_signals_held():
 
 
 PARENT_CHECK_SECONDS = 1.0
+"""How often a worker looks whether its parent is still there (one that dies closes its
+pipes' ends, which the worker sees at once; this catches the rest)."""
 
 
 class WorkerError(RuntimeError):
@@ -208,6 +210,7 @@ def _worker_main(tasks, results, fn, initializer, initargs, parent: int, inherit
 
 
 PIPE_BYTES = 1 << 20
+"""The buffer asked for each worker's pipes (Linux's default is 64 KiB)."""
 
 
 def _widen(connection) -> None:
