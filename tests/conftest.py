@@ -1,13 +1,16 @@
 """Shared test set-up: Hypothesis profiles, the ``data_dir`` fixture of the training tests,
 ``cupy_without_a_gpu`` for the commands' ``--device gpu`` on a machine that cannot use one, and
 ``file_size_limit`` for a subprocess whose writes a file system refuses, as a full disk does.
-A session that has reported its results but does not exit within `EXIT_SECONDS` (a thread or
-process that the interpreter's exit waits on) prints every thread's stack and exits 1.
+A session that runs past `SESSION_SECONDS` (a test that hangs), or that has reported its
+results but does not exit within `EXIT_SECONDS` (a thread or process that the interpreter's
+exit waits on), prints every thread's stack and exits 1: a failure that says where it
+stopped, rather than a CI job that runs until its time limit.
 
 Profiles: "ci" (default) keeps the suite fast on 2 cores; "dev" searches harder. Select one
 with HYPOTHESIS_PROFILE=dev. "ci" keeps no example database, so every run starts
 fresh; a failure prints the falsifying example and a reproduction blob.
 """
+import contextlib
 import faulthandler
 import os
 import resource
@@ -86,10 +89,24 @@ def file_size_limit():
     return _file_size_limit
 
 
+SESSION_SECONDS = 3600       # (the suite takes about 4 minutes on 2 cores)
 EXIT_SECONDS = 120
+
+
+_real_stderr = None
+"""A descriptor of the session's own stderr (pytest captures descriptor 2 while it runs)."""
+
+
+def pytest_configure(config):
+    """From the start: a session that runs past SESSION_SECONDS is a failure with stacks."""
+    global _real_stderr
+    capture = config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        _real_stderr = os.dup(2)
+    faulthandler.dump_traceback_later(SESSION_SECONDS, exit=True, file=_real_stderr)
 
 
 def pytest_unconfigure(config):
     """The session has reported: from here, a hang at the interpreter's exit is a failure
     with the stacks that say what it waits on, not a CI job that never ends."""
-    faulthandler.dump_traceback_later(EXIT_SECONDS, exit=True)
+    faulthandler.dump_traceback_later(EXIT_SECONDS, exit=True, file=_real_stderr or 2)
