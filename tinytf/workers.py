@@ -156,7 +156,7 @@ def _receive_tasks(tasks, inbox, parent: int) -> None:
         inbox.put(task)
         if task == _DONE:
             return
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))   # (Windows: no SIGKILL)
 
 
 _DONE = ()
