@@ -256,3 +256,20 @@ def test_a_killed_worker_is_one_line_and_exit_1_in_each_command(
         status = cli.main(["encode", "--model", str(tmp_path / "p" / "bpe.json"),
                            "--workers", "2"])
         _one_line_exit_1(status, capsys.readouterr().err, "python -m tinytf.bpe")
+
+
+def _pid(_):
+    return os.getpid()
+
+
+def test_workers_start_as_the_pieces_need_them():
+    """A map of fewer pieces than workers (a small input to ``tinytf-bpe encode --workers 4``)
+    forks no worker that would stay idle."""
+    import multiprocessing
+
+    from tinytf.workers import ordered_map
+    pieces = ordered_map(_pid, [0], 4)
+    pid = next(pieces)
+    assert [p.pid for p in multiprocessing.active_children()] == [pid]
+    assert list(pieces) == []
+    assert len(set(ordered_map(_pid, range(8), 2))) == 2

@@ -341,11 +341,11 @@ def ordered_map(fn, items, workers: int, initializer=None, initargs=()):
     pool = []
     finished = False
     try:
-        for _ in range(workers):
-            pool.append(_Worker(context, fn, initializer, initargs, pool))
-            _LIVE.add(pool[-1])
         turns = collections.deque()         # the worker of each piece not yet yielded
         for item in items:
+            if len(pool) < workers and all(w.busy() for w in pool):   # started as needed
+                pool.append(_Worker(context, fn, initializer, initargs, pool))
+                _LIVE.add(pool[-1])
             worker = min(pool, key=_Worker.busy)     # the least busy, the first of equals
             worker.send(item)
             turns.append(worker)
