@@ -125,14 +125,17 @@ class WorkerError(RuntimeError):
     OOM killer, a SIGKILL sent to it alone)."""
 
 
+def signal_words(number: int) -> str:
+    """A signal in a message: "signal 15 (SIGTERM)" (its number alone where it has no name)."""
+    try:
+        return f"signal {number} ({signal.Signals(number).name})"
+    except ValueError:
+        return f"signal {number}"
+
+
 def _describe_exit(code) -> str:
     """A process's end, in words: "exit status 1", "signal 9 (SIGKILL)"."""
-    if code is None or code >= 0:
-        return f"exit status {code}"
-    try:
-        return f"signal {-code} ({signal.Signals(-code).name})"
-    except ValueError:
-        return f"signal {-code}"
+    return f"exit status {code}" if code is None or code >= 0 else signal_words(-code)
 
 
 def _receive_tasks(tasks, inbox, parent: int) -> None:

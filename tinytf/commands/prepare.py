@@ -28,7 +28,7 @@ from tinytf.run_dir import (RunLock, data_paths, has_checkpoint, make_run_dir,
                             prepared_corpus, run_bpe, write_run_config)
 from tinytf.stop_signals import StopRequested, StopSignals
 from tinytf.train_config import TrainConfig, TrainError, apply_overrides
-from tinytf.workers import WorkerError
+from tinytf.workers import WorkerError, signal_words
 
 
 class _Log:
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     except StopRequested as stop:
         number = stop.args[0]
         print("tinytf-prepare: interrupted" if number == signal.SIGINT else
-              f"tinytf-prepare: stopped by signal {number} ({signal.Signals(number).name})",
+              f"tinytf-prepare: stopped by {signal_words(number)}",
               file=sys.stderr)
         return 128 + number
     except (TrainError, DataError, BPEFileError) as e:

@@ -28,7 +28,7 @@ from tinytf.streams import drop_stdout
 from tinytf.run import train
 from tinytf.run_dir import resumed_config
 from tinytf.train_config import FLAGS, OPTIMIZERS, TrainConfig, TrainError, apply_overrides
-from tinytf.workers import WorkerError
+from tinytf.workers import WorkerError, signal_words
 
 USER_ERRORS = (TrainError, DataError, CheckpointError, BPEFileError)
 
@@ -239,8 +239,8 @@ def main(argv=None) -> int:
             if comm.size > 1:
                 raise
             number = stop.args[0]
-            print(f"{_prog()}: stopped by signal {number} ({signal.Signals(number).name}) "
-                  "before the first update; no update to save", file=sys.stderr)
+            print(f"{_prog()}: stopped by {signal_words(number)} before the first update; no "
+                  "update to save", file=sys.stderr)
             return 128 + number
         if comm.is_root:
             try:

@@ -32,7 +32,8 @@ from tinytf.streams import drop_stdout, note, write_all
 from tinytf.translation import (
     Progress, SearchOptions, TranslationError, Translator, corpus_bleu, corpus_chrf,
     read_text_lines, stream_line_blocks)
-from tinytf.workers import STOP_SIGNALS, WorkerError, stop_signals_held, thread_budget
+from tinytf.workers import (STOP_SIGNALS, WorkerError, signal_words, stop_signals_held,
+                            thread_budget)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -333,8 +334,8 @@ def main(argv=None) -> int:
         return 128 + 2                  # SIGINT
     except StopRequested as stop:
         number = stop.args[0]
-        print(f"{_prog()}: stopped by signal {number} ({signal.Signals(number).name}) after "
-              f"{done:,} lines", file=sys.stderr)
+        print(f"{_prog()}: stopped by {signal_words(number)} after {done:,} lines",
+              file=sys.stderr)
         return 128 + number
     finally:
         for sig, handler in handlers.items():
