@@ -36,6 +36,7 @@ from tinytf.bpe import BPE  # noqa: E402
 from tinytf.data import BatchIterator, ParallelCorpus, read_parallel  # noqa: E402
 from tinytf.schedule import Schedule  # noqa: E402
 from tinytf.evaluate import bleu, greedy_translate  # noqa: E402
+from tinytf.optim import radam_rectifier  # noqa: E402
 from tinytf.transformer import Transformer, TransformerConfig  # noqa: E402
 from tinytf.translation import SearchOptions, Translator  # noqa: E402
 
@@ -58,6 +59,12 @@ def parse_args(argv=None):
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--dropout", type=float, default=0.1,
                    help="P_drop of the sub-layers and embeddings (default: the paper's 0.1)")
+    p.add_argument("--dropout-from-epoch", type=int, default=1,
+                   help="train without dropout before this epoch (tinytf's late dropout; "
+                        "default 1: dropout from the start, the paper's)")
+    p.add_argument("--optimizer", default="adam", choices=["adam", "radam"],
+                   help="adam: the paper's; radam: torch.optim.RAdam with the same betas and "
+                        "eps, no step while tinytf's rectifier is 0 (tinytf's tiny default)")
     p.add_argument("--pre-norm", action="store_true", help="pre-LN (default: the paper's post-LN)")
     p.add_argument("--qk-norm", action="store_true",
                    help="LayerNorm of queries and keys (default: the paper's attention)")
@@ -94,27 +101,32 @@ def build(args):
 
 
 def train(args, cfg, batches, model) -> dict:
-    """The loop: batch -> forward -> loss per target token -> backward -> Adam (no clipping)."""
+    """The loop: batch -> forward -> loss per target token -> backward -> Adam or RAdam (no
+    clipping); dropout from epoch ``--dropout-from-epoch`` on."""
     if args.lr_schedule == "noam":
         schedule = Schedule("noam", args.warmup, factor=args.lr_factor, d_model=cfg.d_model)
     else:
         schedule = Schedule(args.lr_schedule, args.warmup, peak=args.lr)
-    opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    optimizer = torch.optim.RAdam if args.optimizer == "radam" else torch.optim.Adam
+    opt = optimizer(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
     budget = args.max_minutes * 60 if args.max_minutes else float("inf")
     t0, step, tokens, losses = time.perf_counter(), 0, 0, []
-    model.train()
 
     def batch_stream():
         while True:
             yield from batches
 
     for batch in batch_stream():
+        model.train(batches.epoch >= args.dropout_from_epoch)   # eval mode: no dropout
         elapsed = time.perf_counter() - t0
         if (args.max_steps and step >= args.max_steps) or elapsed >= budget:
             break
         spent = max((step / args.max_steps) if args.max_steps else 0.0, elapsed / budget)
+        lr = schedule(step + 1, min(spent, 1.0))
+        if args.optimizer == "radam" and radam_rectifier(step + 1, 0.98) == 0.0:
+            lr = 0.0   # tinytf takes no step here; PyTorch's RAdam would take an SGD step
         for group in opt.param_groups:
-            group["lr"] = schedule(step + 1, min(spent, 1.0))
+            group["lr"] = lr
         src, tgt_in, tgt_out = (torch.from_numpy(np.asarray(a, dtype=np.int64))
                                 for a in (batch.src, batch.tgt_in, batch.tgt_out))
         loss = label_smoothed_loss(model(src, tgt_in), tgt_out, cfg.label_smoothing)

@@ -2,7 +2,8 @@
 """Equal steps, equal losses: tinytf's trainer against the PyTorch reference, update by update.
 
 Both start from the same weights (tinytf's initialisation, copied into PyTorch), read the same
-token batches in the same order, use the same schedule, Adam(0.9, 0.98, 1e-9) and label
+token batches in the same order, use the same schedule, the same optimizer (``--optimizer``:
+RAdam by default, the tiny preset's, or the paper's Adam(0.9, 0.98, 1e-9)) and label
 smoothing, with dropout off (the one source of randomness the two cannot share). Any gap in
 the losses is then the frameworks' arithmetic: float32 rounding, which grows slowly as the
 trajectories separate. Prints the mean loss of each framework over windows of updates and the
@@ -32,12 +33,15 @@ def main(argv=None) -> int:
     p.add_argument("--args", default="--max-tokens 2048 --lr-schedule linear --lr 2e-3 "
                                      "--warmup 100 --vocab-size 4000",
                    help="recipe options understood by both train.py and torch_train.py")
+    p.add_argument("--optimizer", choices=["adam", "radam"], default="radam",
+                   help="given to both (default: radam, the tiny preset's; train.py's default "
+                        "depends on the preset, torch_train.py's is adam)")
     p.add_argument("--pre-norm", action="store_true")
     p.add_argument("--qk-norm", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     base = args.out or tempfile.mkdtemp(prefix="tinytf-parity-")
-    recipe = shlex.split(args.args)
+    recipe = shlex.split(args.args) + ["--optimizer", args.optimizer]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     tt_out, torch_out = os.path.join(base, "tinytf"), os.path.join(base, "torch")
     os.makedirs(torch_out, exist_ok=True)
