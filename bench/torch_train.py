@@ -4,10 +4,11 @@
 The model is ``bench/torch_transformer.TorchTransformer``, initialised with tinytf's initial
 weights (Xavier-uniform d x d blocks with zero biases, embeddings N(0, d^-0.5), the same
 seed), trained on tinytf's token batches (``tinytf.data.BatchIterator``: the same pairs, the
-same order) with ``torch.optim.Adam(0.9, 0.98, 1e-9)``, label-smoothed cross-entropy per
-target token, and a schedule from ``tinytf.schedule`` (the paper's by default). Only the
-training framework differs: the trained weights are copied back into a tinytf checkpoint and
-decoded by tinytf (greedy and beam 4), so BLEU compares what each framework learnt, not two
+same order) with ``torch.optim.Adam(0.9, 0.98, 1e-9)`` (or ``RAdam``: ``--optimizer``),
+label-smoothed cross-entropy per target token, a schedule from ``tinytf.schedule`` (the
+paper's by default) and dropout from ``--dropout-from-epoch`` on. Only the training
+framework differs: the trained weights are copied back into a tinytf checkpoint and decoded
+by tinytf (greedy and beam 4), so BLEU compares what each framework learnt, not two
 decoders. Prints one JSON line like train.py's.
 
     python bench/torch_train.py --out runs/torch-ref --max-minutes 10
