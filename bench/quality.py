@@ -56,7 +56,8 @@ def mirrored_torch_args(run_dir) -> list:
         raise SystemExit(f"quality.py: torch_train.py cannot mirror the run in {run_dir} "
                          "(--update-freq, --clip-norm or a --set key other than pre_norm, "
                          "qk_norm and dropout)")
-    sys.path.insert(0, ROOT)
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
     from tinytf.transformer import TransformerConfig
     model = TransformerConfig.preset(options["config"], **options["model_overrides"])
     args = ["--config", options["config"], "--vocab-size", str(options["vocab_size"]),

@@ -109,7 +109,8 @@ def train(args, cfg, batches, model) -> dict:
     else:
         schedule = Schedule(args.lr_schedule, args.warmup, peak=args.lr)
     optimizer = torch.optim.RAdam if args.optimizer == "radam" else torch.optim.Adam
-    opt = optimizer(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    betas = (0.9, 0.98)
+    opt = optimizer(model.parameters(), lr=0.0, betas=betas, eps=1e-9)
     budget = args.max_minutes * 60 if args.max_minutes else float("inf")
     t0, step, tokens, losses = time.perf_counter(), 0, 0, []
 
@@ -124,7 +125,7 @@ def train(args, cfg, batches, model) -> dict:
             break
         spent = max((step / args.max_steps) if args.max_steps else 0.0, elapsed / budget)
         lr = schedule(step + 1, min(spent, 1.0))
-        if args.optimizer == "radam" and radam_rectifier(step + 1, 0.98) == 0.0:
+        if args.optimizer == "radam" and radam_rectifier(step + 1, betas[1]) == 0.0:
             lr = 0.0   # tinytf takes no step here; PyTorch's RAdam would take an SGD step
         for group in opt.param_groups:
             group["lr"] = lr
