@@ -34,8 +34,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import tinytf  # noqa: E402
-from tinytf import distributed, optim  # noqa: E402
-from tinytf.transformer import Transformer, TransformerConfig, label_smoothed_loss  # noqa: E402
+from tinytf import optim
+from tinytf.distributed import communicator as distributed  # noqa: E402
+from tinytf.models.transformer import Transformer, TransformerConfig, label_smoothed_loss  # noqa: E402
 
 # Bus bandwidths (GB/s) for the 8-GPU arithmetic: typical NCCL all-reduce "busbw" figures,
 # stated as assumptions, not measured here (this machine has no GPU).

@@ -63,7 +63,7 @@ def worker(task, args):
     """Run one measurement in this process and return a JSON-able dict."""
     sys.path.insert(0, ROOT)
     if task.endswith("-tinytf"):
-        from tinytf.bpe import BPE
+        from tinytf.text import BPE
     if task == "learn-tinytf":
         base = _peak_mb()
         bpe, cpu, wall = _timed(lambda: BPE.learn([args["input"]], vocab_size=args["vocab_size"]))

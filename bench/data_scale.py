@@ -100,8 +100,8 @@ def corpus_memory(run_dir: str, max_tokens: int) -> dict:
     code = f"""
 import json, sys
 sys.path.insert(0, {ROOT!r})
-from tinytf.corpus_file import open_corpus
-from tinytf.data import BatchIterator
+from tinytf.data.corpus_file import open_corpus
+from tinytf.data.batches import BatchIterator
 def anon():
     for line in open("/proc/self/status"):
         if line.startswith("RssAnon:"):
@@ -142,7 +142,7 @@ def main() -> None:
         row = {"pairs": n, "MB": size / 1e6}
         bpe = os.path.join(args.workdir, f"bpe-{n}-{args.vocab_size}.json")
         w = max(args.workers)
-        s, peak, _, _ = run([py, "-m", "tinytf.bpe", "learn", "--input",
+        s, peak, _, _ = run([py, "-m", "tinytf.commands.bpe", "learn", "--input",
                              os.path.join(data, "train.en"), os.path.join(data, "train.de"),
                              "--vocab-size", str(args.vocab_size), "--workers", str(w),
                              "--output", bpe])

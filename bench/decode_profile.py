@@ -38,12 +38,13 @@ if ARGS is not None:
 
 sys.path.insert(0, ROOT)
 
-from tinytf import decoder_state, search  # noqa: E402
-from tinytf.evaluate import greedy_translate  # noqa: E402
+from tinytf.decoding import search
+from tinytf.decoding.translation import SearchOptions, Translator, read_text_lines  # noqa: E402
 from tinytf.fast import cpu  # noqa: E402
-from tinytf.kernels import gemm  # noqa: E402
+from tinytf.fast.kernels import gemm  # noqa: E402
+from tinytf.models import decoder_state  # noqa: E402
 from tinytf.ops import attention, matmul, norm, softmax  # noqa: E402
-from tinytf.translation import SearchOptions, Translator, read_text_lines  # noqa: E402
+from tinytf.training.evaluate import greedy_translate  # noqa: E402
 
 PARTS = [  # (part, code objects): the first that holds a function's line takes it
     ("linear layers' products", [cpu.RowParallelLinear.product, matmul.Linear.product]),

@@ -64,12 +64,18 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import tinytf  # noqa: E402
-from tinytf.bpe import BPE  # noqa: E402
-from tinytf.search import beam_search  # noqa: E402
-from tinytf.translation import (  # noqa: E402
-    PrefixState, SearchOptions, Translator, full_prefix_step, make_batches, pad_sources,
-    read_text_lines)
-from tinytf.transformer import Transformer, TransformerConfig  # noqa: E402
+from tinytf.decoding.search import beam_search  # noqa: E402
+from tinytf.decoding.translation import (  # noqa: E402
+    PrefixState,
+    SearchOptions,
+    Translator,
+    full_prefix_step,
+    make_batches,
+    pad_sources,
+    read_text_lines,
+)
+from tinytf.models.transformer import Transformer, TransformerConfig  # noqa: E402
+from tinytf.text import BPE  # noqa: E402
 
 DATA = os.path.join(ROOT, "data", "ende")
 
@@ -116,7 +122,6 @@ def decode_tinytf(translator, sources, options, step="cache"):
 def decode_torch(decoder, translator, sources, options):
     """The same batch with bench/torch_decode.py."""
     import torch
-
     from torch_decode import torch_beam_search
 
     src = torch.from_numpy(pad_sources(sources))
@@ -161,7 +166,7 @@ def race(contestants, sources, batches):
 def race_workers(contestants, translator, sources, batches, options, workers, expected,
                  batch_size, threads):
     """The whole set, twice, alternating: tinytf's batches in ``workers`` processes
-    (:mod:`tinytf.decode_workers`), then each other contestant's batches in turn, in one
+    (:mod:`tinytf.decoding.workers`), then each other contestant's batches in turn, in one
     process; prints sentences/s and the ratio, and checks tinytf's outputs."""
     index = [list(b) for b in batches]
     runs = {"tinytf workers": lambda: [list(nbest[0].tokens) for nbest in translator.translate_ids(

@@ -105,7 +105,7 @@ stage "mpirun -n 2 with CuPy (both ranks on this node's GPUs; NCCL only with a G
 if [ "$MODE" = quick ]; then
     echo "skipped in quick mode"
 elif $PY -c "import mpi4py" 2>/dev/null && command -v mpirun > /dev/null; then
-    MPIRUN=$($PY -c "from tinytf import distributed; print(' '.join(distributed.mpirun_command(2, [])))")
+    MPIRUN=$($PY -c "from tinytf.distributed import communicator; print(' '.join(communicator.mpirun_command(2, [])))")
     timeout $(limit 60) $MPIRUN $PY tests/mpi_scripts/gpu_check.py 2>&1 | tail -n 12 | tee "$OUT/mpi_gpu.log"
     echo "exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/mpi_gpu.log"
     rm -rf /tmp/tinytf_mpi_run

@@ -95,8 +95,8 @@ class Device:
 def _tinytf_model(dev: Device, cfg):
     """(model, Adam): a fresh model from seed 0 on the device, in training mode."""
     import tinytf
-    from tinytf import transformer
     from tinytf.fast import adam
+    from tinytf.models import transformer
 
     dev.free()  # what the previous run left in CuPy's pool
     tinytf.manual_seed(0)
@@ -115,7 +115,7 @@ def _summed_loss(model, cfg, batch):
 
 def _tinytf_step_fn(dev: Device, cfg, mode: str, batch):
     """(step, model): one training step of a fresh model under precision ``mode``."""
-    from tinytf import amp
+    from tinytf.fast import amp
 
     model, opt = _tinytf_model(dev, cfg)
     scaler = amp.DynamicLossScaler(enabled=amp.Policy(mode).loss_scaling)
@@ -137,7 +137,7 @@ def _tinytf_step_fn(dev: Device, cfg, mode: str, batch):
 
 def tinytf_train(dev: Device, cfg, mode: str, batch, steps: int, warmup: int,
                  profile_dir=None) -> dict:
-    from tinytf import kernels
+    from tinytf.fast import kernels
 
     step, _ = _tinytf_step_fn(dev, cfg, mode, batch)
     ntok = int(batch[2].size)
@@ -179,7 +179,7 @@ def op_profile(dev: Device, cfg, mode: str, batch, path: str) -> dict:
     first is much larger than the second the op is GPU-bound; where they are close it is
     bound by the host. Written as a table to ``path``.
     """
-    from tinytf.tensor import Function
+    from tinytf.engine.tensor import Function
 
     classes, todo = [], list(Function.__subclasses__())
     while todo:
@@ -236,15 +236,15 @@ def op_profile(dev: Device, cfg, mode: str, batch, path: str) -> dict:
 def tinytf_graph_train(dev: Device, cfg, mode: str, batch, steps: int, warmup: int) -> dict:
     """The tinytf step with its forward and backward replayed as a CUDA graph.
 
-    ``tinytf.cuda_graph.CapturedStep`` records one step's launches and replays them; the
+    ``tinytf.fast.cuda_graph.CapturedStep`` records one step's launches and replays them; the
     Adam step (one launch on the flat buffers) stays outside. First a check with dropout
     off: the replayed gradients must equal those of the ordinary step on the same
     weights (``grad_rel_diff``). Then the timed run with dropout on, as the eager row.
     """
     import dataclasses
 
-    from tinytf import amp
-    from tinytf.cuda_graph import CapturedStep
+    from tinytf.fast import amp
+    from tinytf.fast.cuda_graph import CapturedStep
 
     ntok = int(batch[2].size)
 
@@ -304,9 +304,10 @@ def attention_probe(dev: Device, cfg, mode: str, batch: int, length: int,
     GPU's alone (no launch cost). ``per_step_ms`` multiplies by the step's attention calls
     (6 encoder, 12 decoder): the share of the step a fused attention kernel could save.
     """
-    from tinytf import amp, functional as F
-    from tinytf.cuda_graph import CapturedStep
-    from tinytf.tensor import Tensor
+    from tinytf import functional as F
+    from tinytf.engine.tensor import Tensor
+    from tinytf.fast import amp
+    from tinytf.fast.cuda_graph import CapturedStep
 
     xp = dev.xp
     dtype = amp.Policy(mode).compute_dtype(xp) or np.float32
@@ -332,10 +333,11 @@ def attention_probe(dev: Device, cfg, mode: str, batch: int, length: int,
 
 
 def autocast_wired(dev: Device) -> bool:
-    """Whether F.linear computes in bf16 under autocast (the hook in tinytf.functional)."""
-    from tinytf import amp, nn
+    """Whether F.linear computes in bf16 under autocast (the hook in tinytf.nn.functional)."""
     from tinytf import functional as F
-    from tinytf.tensor import Tensor
+    from tinytf import nn
+    from tinytf.engine.tensor import Tensor
+    from tinytf.fast import amp
     lin = nn.Linear(4, 4).to(dev.name)
     with amp.autocast("bf16"):
         y = F.linear(Tensor(dev.xp.ones((2, 4), dtype=np.float32)), lin.weight, lin.bias)
@@ -345,7 +347,9 @@ def autocast_wired(dev: Device) -> bool:
 def tinytf_decode(dev: Device, cfg, n_sent: int, src_len: int, max_new: int, beam: int,
                   mode: str) -> dict:
     import tinytf
-    from tinytf import amp, search, transformer
+    from tinytf.decoding import search
+    from tinytf.fast import amp
+    from tinytf.models import transformer
 
     tinytf.manual_seed(0)
     model = transformer.Transformer(cfg).to(dev.name).eval()
@@ -467,7 +471,7 @@ def main(argv=None) -> int:
                     help="run every code path on NumPy/CPU torch with tiny sizes (no figures)")
     args = ap.parse_args(argv)
 
-    from tinytf.transformer import TransformerConfig
+    from tinytf.models.transformer import TransformerConfig
 
     dev = Device(gpu=not args.cpu_smoke)
     cfg = TransformerConfig.preset(args.preset)
@@ -498,7 +502,7 @@ def main(argv=None) -> int:
     except Exception as e:
         report["autocast_wired"] = f"error: {type(e).__name__}: {e}"
     if report["autocast_wired"] is not True:
-        print(f"# NOTE: autocast is not wired into tinytf.functional ({report['autocast_wired']}):"
+        print(f"# NOTE: autocast is not wired into tinytf.nn.functional ({report['autocast_wired']}):"
               " the tinytf bf16 row below then runs in float32", flush=True)
     batch = synthetic_batch(dev.xp, b, args.length, cfg.vocab_size)
     batch_np = tuple(np.asarray(a.get() if dev.gpu else a) for a in batch)

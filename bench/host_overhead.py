@@ -29,11 +29,14 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from tinytf import amp, manual_seed  # noqa: E402
 from tinytf import functional as F  # noqa: E402
-from tinytf.fast import adam  # noqa: E402
-from tinytf.tensor import _topological_order  # noqa: E402
-from tinytf.transformer import Transformer, TransformerConfig  # noqa: E402
+from tinytf import manual_seed
+from tinytf.engine.tensor import _topological_order  # noqa: E402
+from tinytf.fast import (
+    adam,  # noqa: E402
+    amp,  # noqa: E402
+)
+from tinytf.models.transformer import Transformer, TransformerConfig  # noqa: E402
 
 
 def build(seed: int = 0):

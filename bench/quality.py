@@ -58,7 +58,7 @@ def mirrored_torch_args(run_dir) -> list:
                          "qk_norm and dropout)")
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
-    from tinytf.transformer import TransformerConfig
+    from tinytf.models.transformer import TransformerConfig
     model = TransformerConfig.preset(options["config"], **options["model_overrides"])
     args = ["--config", options["config"], "--vocab-size", str(options["vocab_size"]),
             "--max-tokens", str(summary["max_tokens"]), "--lr-schedule", options["lr_schedule"],

@@ -3,7 +3,7 @@
 Runs ``bench/torch_transformer.TorchTransformer`` (same parameters as tinytf's model) one
 position at a time, as a PyTorch user would write it: per-layer self-attention caches grown with
 ``torch.cat``, encoder-decoder keys/values projected once, ``F.scaled_dot_product_attention``,
-``torch.topk`` over the beam. The search has the semantics of ``tinytf.search.beam_search``
+``torch.topk`` over the beam. The search has the semantics of ``tinytf.decoding.search.beam_search``
 (top-k extensions, finished hypotheses leave the beam, GNMT length penalty, the exact stopping
 bound, finished sentences dropped from the batch), so both do the same number of steps.
 Not part of tinytf; needs torch.
@@ -97,7 +97,7 @@ def torch_beam_search(decoder, src, max_lens, beam_size=4, alpha=0.6, banned=(0,
     """Best hypothesis (list of token ids) for every row of ``src`` (N, S), padded with 0.
 
     ``max_lens`` (N,) ints: most tokens before a forced ``</s>``. Same algorithm as
-    ``tinytf.search.beam_search`` with nbest = 1.
+    ``tinytf.decoding.search.beam_search`` with nbest = 1.
     """
     n_sent, k = src.shape[0], beam_size
     max_lens = torch.as_tensor(max_lens, dtype=torch.long)

@@ -3,9 +3,9 @@
 
 The model is ``bench/torch_transformer.TorchTransformer``, initialised with tinytf's initial
 weights (Xavier-uniform d x d blocks with zero biases, embeddings N(0, d^-0.5), the same
-seed), trained on tinytf's token batches (``tinytf.data.BatchIterator``: the same pairs, the
+seed), trained on tinytf's token batches (``tinytf.data.batches.BatchIterator``: the same pairs, the
 same order) with ``torch.optim.Adam(0.9, 0.98, 1e-9)`` (or ``RAdam``: ``--optimizer``),
-label-smoothed cross-entropy per target token, a schedule from ``tinytf.schedule`` (the
+label-smoothed cross-entropy per target token, a schedule from ``tinytf.optim.schedule`` (the
 paper's by default) and dropout from ``--dropout-from-epoch`` on. Only the training
 framework differs: the trained weights are copied back into a tinytf checkpoint and decoded
 by tinytf (greedy and beam 4), so BLEU compares what each framework learnt, not two
@@ -32,14 +32,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from torch_transformer import TorchTransformer, label_smoothed_loss, load_tinytf_state  # noqa: E402
 
-from tinytf import backend, checkpoint  # noqa: E402
-from tinytf.bpe import BPE  # noqa: E402
-from tinytf.data import BatchIterator, ParallelCorpus, read_parallel  # noqa: E402
-from tinytf.schedule import Schedule  # noqa: E402
-from tinytf.evaluate import bleu, greedy_translate  # noqa: E402
-from tinytf.optim import radam_rectifier  # noqa: E402
-from tinytf.transformer import Transformer, TransformerConfig  # noqa: E402
-from tinytf.translation import SearchOptions, Translator  # noqa: E402
+from tinytf.data.batches import BatchIterator, ParallelCorpus, read_parallel  # noqa: E402
+from tinytf.decoding.translation import SearchOptions, Translator  # noqa: E402
+from tinytf.engine import backend  # noqa: E402
+from tinytf.models.transformer import Transformer, TransformerConfig  # noqa: E402
+from tinytf.optim.adam import radam_rectifier  # noqa: E402
+from tinytf.optim.schedule import Schedule  # noqa: E402
+from tinytf.text import BPE  # noqa: E402
+from tinytf.training.evaluate import bleu, greedy_translate  # noqa: E402
+from tinytf.utils import checkpoint
 
 
 def parse_args(argv=None):

@@ -1,4 +1,5 @@
-"""The same Transformer as tinytf/transformer.py, in PyTorch: a reference for tests and benchmarks.
+"""The same Transformer as tinytf/models/transformer.py, in PyTorch: a reference for tests and
+benchmarks.
 
 Not part of tinytf (which never imports torch). Parameter names and shapes equal
 tinytf's, so ``load_tinytf_state(model, tinytf_model.state_dict())`` copies weights across.

@@ -2,7 +2,7 @@
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/train_speed.py [--configs tiny,small]
 
-Both frameworks train the same architecture (tinytf/transformer.py and its PyTorch twin
+Both frameworks train the same architecture (tinytf/models/transformer.py and its PyTorch twin
 bench/torch_transformer.py, same weights) on the same batches, in the same process, on the
 same number of threads (``--threads``, default 2, set before NumPy and torch load their BLAS).
 Timed steps alternate between the two in rounds, so load on a shared machine hits both alike,
@@ -67,10 +67,9 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import tinytf  # noqa: E402
 from tinytf import fast, ops, optim  # noqa: E402
-from tinytf.dispatch import impl  # noqa: E402
+from tinytf.engine.dispatch import impl  # noqa: E402
 from tinytf.fast import threads as fast_threads  # noqa: E402
-from tinytf.transformer import (PAD_ID, Transformer, TransformerConfig,  # noqa: E402
-                                label_smoothed_loss)
+from tinytf.models.transformer import PAD_ID, Transformer, TransformerConfig, label_smoothed_loss  # noqa: E402
 
 try:
     if ARGS.no_torch:

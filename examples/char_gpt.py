@@ -15,7 +15,7 @@ LayerNorm, and an output layer that shares the token-embedding matrix. Departure
 GPT-2 are named where they occur (ReLU instead of GELU; plain Adam, no weight decay).
 
 Everything here is ordinary tinytf: ``nn.Module`` subclasses holding ``nn.Parameter``s,
-``tinytf.functional`` ops (``F.attention`` does the fused masked softmax attention), and
+``tinytf.nn.functional`` ops (``F.attention`` does the fused masked softmax attention), and
 ``optim.Adam``. ``docs/extending.md`` walks through this file.
 
 Shapes: ``B`` batch, ``T`` positions (at most ``block_size``), ``C`` = n_embd,
@@ -33,9 +33,10 @@ from pathlib import Path
 import numpy as np
 
 import tinytf
-from tinytf import checkpoint, nn, optim
 from tinytf import functional as F
-from tinytf.tensor import Tensor
+from tinytf import nn, optim
+from tinytf.engine.tensor import Tensor
+from tinytf.utils import checkpoint
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "ende"
 

@@ -27,7 +27,7 @@ import numpy as np
 import tinytf
 from tinytf import functional as F
 from tinytf import nn, optim
-from tinytf.tensor import Tensor
+from tinytf.engine.tensor import Tensor
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "ende"
 LANGS = ("en", "de")                  # class 0, class 1

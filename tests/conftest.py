@@ -58,7 +58,7 @@ def cupy_without_a_gpu(monkeypatch):
     """``install(device_count=None)``: for this test tinytf sees an installed CuPy whose
     ``cuda.runtime.getDeviceCount()`` raises `NO_DRIVER` (None) or returns ``device_count``
     (0: no GPU). Returns the words a command's error should give after "--device gpu"."""
-    from tinytf import backend  # noqa: PLC0415 (tinytf is imported by the tests, not here)
+    from tinytf.engine import backend  # noqa: PLC0415 (tinytf is imported by the tests, not here)
 
     def install(device_count=None):
         def get_device_count():

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import tinytf
-from tinytf import amp, kernels
 from tinytf import functional as F
-from tinytf.optim import Adam
-from tinytf.tensor import Tensor
+from tinytf.engine.tensor import Tensor
+from tinytf.fast import amp, kernels
+from tinytf.optim.adam import Adam
 
 rng = np.random.default_rng(0)
 

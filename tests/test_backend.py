@@ -1,9 +1,9 @@
-"""tinytf.backend: which device a command can use, said before any work."""
+"""tinytf.engine.backend: which device a command can use, said before any work."""
 import types
 
 import pytest
 
-from tinytf import backend
+from tinytf.engine import backend
 
 
 def test_gpu_unusable_says_why_or_nothing(monkeypatch, cupy_without_a_gpu):

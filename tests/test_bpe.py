@@ -1,4 +1,4 @@
-"""Tests for tinytf.bpe: lossless round trips, the textbook merges, the incremental learner
+"""Tests for tinytf.text: lossless round trips, the textbook merges, the incremental learner
 against a full-recount reference, determinism, vocabulary size, save/load and file errors, CLI.
 """
 import hashlib
@@ -13,13 +13,22 @@ from itertools import chain
 import numpy as np
 import pytest
 import regex
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from tinytf.bpe import BOS_ID, BPE, EOS_ID, PAD_ID, UNK_ID, BPEFileError
+from tinytf.text import BOS_ID, BPE, EOS_ID, PAD_ID, UNK_ID, BPEFileError
 from tinytf.text.bpe import FIRST_SYMBOL_ID
 from tinytf.text.learn import TextError, count_words, line_ranges
-from tinytf.text.pretokenize import (EDGE_MARKS, PRETOKEN, can_be_piece, initial_units,
-                                     one_word, pretokenize, show, single_spaced)
+from tinytf.text.pretokenize import (
+    EDGE_MARKS,
+    PRETOKEN,
+    can_be_piece,
+    initial_units,
+    one_word,
+    pretokenize,
+    show,
+    single_spaced,
+)
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 DATA = os.path.join(ROOT, "data", "ende")
@@ -433,8 +442,8 @@ def test_array_encoding_of_repeats_and_overlaps(words):
 def test_encode_batch_in_blocks_with_small_caches(sample, block, cache_size, monkeypatch):
     """`encode_batch` (a block's missing chunks encoded together, caches emptied when full)
     gives `encode` of each line, lines off the fast path (tabs, double spaces, edges) too."""
-    from tinytf.text.encode import Encoder
-    monkeypatch.setattr(Encoder, "BLOCK", block)
+    from tinytf.text.encode import PieceEncoder
+    monkeypatch.setattr(PieceEncoder, "BLOCK", block)
     lines = sample[:400] + ["a\tb c", "  double  spaces ", " lead", "trail ", "", "x  y",
                             "中文 und €", "Haus Haus Haus"] + sample[:50]
     reference = BPE.learn(sample, vocab_size=1000)
@@ -442,8 +451,8 @@ def test_encode_batch_in_blocks_with_small_caches(sample, block, cache_size, mon
     expected = [reference.encode(line) for line in lines]
     ways = []   # how each block was read: misses first, or deferred
     for way in ("_new_chunks", "_read_deferring"):
-        method = getattr(Encoder, way)
-        monkeypatch.setattr(Encoder, way, lambda self, *a, _m=method, _w=way:
+        method = getattr(PieceEncoder, way)
+        monkeypatch.setattr(PieceEncoder, way, lambda self, *a, _m=method, _w=way:
                             ways.append(_w) or _m(self, *a))
     assert model.encode_batch(lines) == expected
     assert ways[0] == "_new_chunks"                # the cold cache's first block
@@ -487,7 +496,7 @@ def test_deterministic_across_runs(sample):
 
 def test_deterministic_across_processes(tmp_path):
     """Different hash seeds (set and dict order) must not change the merges."""
-    script = ("import hashlib, sys; from tinytf.bpe import BPE; "
+    script = ("import hashlib, sys; from tinytf.text import BPE; "
               "b = BPE.learn(sys.stdin.read().split('\\n'), vocab_size=500); "
               "print(hashlib.sha256(repr(b.merges).encode()).hexdigest())")
     lines = read_sample(300)
@@ -642,7 +651,7 @@ def test_a_mistyped_file_name_is_not_learnt_as_text(tmp_path, monkeypatch):
 
 def run_cli(monkeypatch, args, data=b""):
     """Run the command line in this process: (exit status, stdout bytes)."""
-    from tinytf.text.cli import main
+    from tinytf.commands.bpe import main
     out = io.BytesIO()
     stdout = io.TextIOWrapper(out, encoding="utf-8", newline="\n")
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
@@ -656,7 +665,7 @@ def test_command_line(tmp_path, sample, monkeypatch, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(sample[:400]) + "\n", encoding="utf-8")
     model = tmp_path / "bpe.json"
-    subprocess.run([sys.executable, "-m", "tinytf.bpe", "learn", "--input", str(corpus),
+    subprocess.run([sys.executable, "-m", "tinytf.commands.bpe", "learn", "--input", str(corpus),
                     "--vocab-size", "400", "--output", str(model)], cwd=ROOT, check=True,
                    capture_output=True)
     bpe = BPE.load(model)

@@ -11,8 +11,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from tinytf import checkpoint, nn, optim
-from tinytf.checkpoint import CheckpointError, CheckpointManager
+from tinytf import nn, optim
+from tinytf.utils import checkpoint
+from tinytf.utils.checkpoint import CheckpointError, CheckpointManager
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -98,7 +99,7 @@ def test_killed_writer_never_leaves_a_broken_file(tmp_path):
     script = textwrap.dedent(f"""
         import sys, numpy as np
         sys.path.insert(0, {ROOT!r})
-        from tinytf import checkpoint
+        from tinytf.utils import checkpoint
         big = np.zeros((1024, 4096), np.float32)
         step = 0
         while True:
@@ -244,7 +245,7 @@ def test_a_failed_write_names_the_file_and_keeps_the_old_checkpoint(tmp_path,
 import sys
 import numpy as np
 sys.path.insert(0, {ROOT!r})
-from tinytf import checkpoint
+from tinytf.utils import checkpoint
 checkpoint.save({str(path)!r}, {{"w": np.ones(10, np.float32)}})
 try:
     checkpoint.save({str(path)!r}, {{"w": np.ones(1_000_000, np.float32)}})

@@ -6,17 +6,18 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
-
-from tinytf import backend, pipelined
-from tinytf.bpe import BOS_ID, EOS_ID, PAD_ID
-from tinytf.cuda_graph import EagerReplay, StepGraphs, bucket_shape, pad_batch
-from tinytf.data import Batch
-from tinytf.fast import adam
-from tinytf.trainer import TrainConfig, TrainError, apply_overrides
-from tinytf.transformer import Transformer, TransformerConfig, label_smoothed_loss
-
+from hypothesis import given
+from hypothesis import strategies as st
 from test_train import _config
+
+from tinytf.data.batches import Batch
+from tinytf.engine import backend
+from tinytf.fast import adam
+from tinytf.fast.cuda_graph import EagerReplay, StepGraphs, bucket_shape, pad_batch
+from tinytf.models.transformer import Transformer, TransformerConfig, label_smoothed_loss
+from tinytf.text import BOS_ID, EOS_ID, PAD_ID
+from tinytf.training import pipelined
+from tinytf.training.config import TrainConfig, TrainError, apply_overrides
 
 
 @given(b=st.integers(1, 5000), s=st.integers(1, 300), t=st.integers(1, 300),
@@ -245,8 +246,8 @@ def test_fp16_through_step_graphs_follows_the_eager_run(data_dir, tmp_path):
 
 
 def test_the_device_loss_scale_follows_the_scale():
-    from tinytf import amp
-    from tinytf.tensor import Tensor
+    from tinytf.engine.tensor import Tensor
+    from tinytf.fast import amp
     scaler = amp.DynamicLossScaler(init_scale=8.0)
     loss = Tensor(np.float32(2.0), requires_grad=True)
     assert float(scaler.scale_loss(loss, on_device=True).data) == 16.0

@@ -1,14 +1,20 @@
-"""Tests for tinytf.data: file checks, token batching, per-epoch shuffling, resume, sharding,
-and the shipped corpus in data/ende/."""
+"""Tests for tinytf.data.batches: file checks, token batching, per-epoch shuffling, resume,
+sharding, and the shipped corpus in data/ende/."""
 import json
 import os
 
 import numpy as np
 import pytest
 
-from tinytf.bpe import BOS_ID, EOS_ID, PAD_ID
-from tinytf.data import (BatchIterator, DataError, ParallelCorpus, pack_by_length, read_lines,
-                         read_parallel)
+from tinytf.data.batches import (
+    BatchIterator,
+    DataError,
+    ParallelCorpus,
+    pack_by_length,
+    read_lines,
+    read_parallel,
+)
+from tinytf.text import BOS_ID, EOS_ID, PAD_ID
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "ende")
 

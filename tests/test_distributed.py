@@ -19,7 +19,9 @@ import time
 import numpy as np
 import pytest
 
-from tinytf import checkpoint, distributed, nn, optim
+from tinytf import nn, optim
+from tinytf.distributed import communicator as distributed
+from tinytf.utils import checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "mpi_scripts")

@@ -1,4 +1,4 @@
-"""The autograd engine (tinytf/tensor.py): accumulation, deep graphs, freeing, dtypes,
+"""The autograd engine (tinytf/engine/tensor.py): accumulation, deep graphs, freeing, dtypes,
 no_grad and which gradients get computed at all."""
 import gc
 import sys

@@ -1,4 +1,4 @@
-"""The fast paths against the reference ops they replace (tinytf.fast, tinytf.dispatch).
+"""The fast paths against the reference ops they replace (tinytf.fast, tinytf.engine.dispatch).
 
 Each CPU fast variant is run by the same test body as its reference; a whole Transformer
 training step is the same with the fast paths on and off. The GPU variants are tested
@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 import tinytf
-from tinytf import backend, fast, ops
+from tinytf import fast, ops
 from tinytf import functional as F
-from tinytf.dispatch import impl
-from tinytf.gradcheck import gradcheck
-from tinytf.tensor import Tensor
-from tinytf.transformer import Transformer, TransformerConfig, label_smoothed_loss
+from tinytf.engine import backend
+from tinytf.engine.dispatch import impl
+from tinytf.engine.gradcheck import gradcheck
+from tinytf.engine.tensor import Tensor
+from tinytf.models.transformer import Transformer, TransformerConfig, label_smoothed_loss
 
 rng = np.random.default_rng(0)
 
@@ -62,7 +63,7 @@ def test_the_table_takes_only_subclasses_of_the_reference():
 
 
 def test_tinytf_fast_0_starts_with_the_reference_ops():
-    code = ("import tinytf; from tinytf.dispatch import impl; from tinytf import fast; "
+    code = ("import tinytf; from tinytf.engine.dispatch import impl; from tinytf import fast; "
             "assert impl.replaced() == {} and not fast.enabled(), impl.replaced()")
     env = {"TINYTF_FAST": "0", "PATH": ""}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)

@@ -1,17 +1,18 @@
-"""tinytf.functional: property tests for the fused neural-network ops (forward equals a NumPy
+"""tinytf.nn.functional: property tests for the fused neural-network ops (forward equals a NumPy
 reference, backward equals float64 central differences), plus their numerical edge cases:
 logits around +-1e4, masked positions, fully masked rows, repeated embedding ids.
 """
 import numpy as np
 import pytest
-from hypothesis import assume, given, strategies as st
+from hypothesis import assume, given
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import tinytf
 from tinytf import Tensor
 from tinytf import functional as F
+from tinytf.engine.gradcheck import gradcheck, gradcheck_random
 from tinytf.fast import BlockedCrossEntropy
-from tinytf.gradcheck import gradcheck, gradcheck_random
 
 SEEDS = st.integers(0, 2**32 - 1)
 

@@ -1,4 +1,4 @@
-"""tinytf.gradcheck: it passes correct gradients, catches wrong ones with a useful message,
+"""tinytf.engine.gradcheck: it passes correct gradients, catches wrong ones with a useful message,
 and the worked example in docs/autograd.md (a GELU op with its gradient check) runs."""
 import re
 from pathlib import Path
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tinytf import Function, Tensor
-from tinytf.gradcheck import gradcheck, gradcheck_random
+from tinytf.engine.gradcheck import gradcheck, gradcheck_random
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "autograd.md"
 

@@ -3,7 +3,7 @@
 Without a GPU:
 - the CUDA source compiles with NVRTC for sm_90 (needs libnvrtc, e.g. ``pip install
   nvidia-cuda-nvrtc-cu12``; skipped with the reason otherwise);
-- the very same source, built with g++ under ``tinytf.kernels.host``, runs through the real
+- the very same source, built with g++ under ``tinytf.fast.kernels.host``, runs through the real
   Python wrappers and matches the NumPy ops in float32, float16 and bfloat16 storage;
 - the cuBLAS call plans (row-major to column-major, transposed views, batch strides) are
   executed by a NumPy model of column-major GEMM and match ``a @ b``.
@@ -21,12 +21,11 @@ import numpy as np
 import pytest
 
 import tinytf
-from tinytf import amp, kernels
 from tinytf import functional as F
-from tinytf.kernels import _runtime, gemm, host, sources
-from tinytf.fast import FusedAdam
-from tinytf.optim import Adam
-from tinytf.tensor import Tensor
+from tinytf.engine.tensor import Tensor
+from tinytf.fast import FusedAdam, amp, kernels
+from tinytf.fast.kernels import _runtime, gemm, host, sources
+from tinytf.optim.adam import Adam
 
 try:
     from numpy.lib.array_utils import byte_bounds
@@ -57,7 +56,7 @@ needs_cxx = pytest.mark.skipif(host.compiler() is None,
 # ----- packaging ---------------------------------------------------------------------------
 
 def test_import_does_not_need_cupy():
-    code = ("import sys, tinytf, tinytf.kernels, tinytf.amp; "
+    code = ("import sys, tinytf, tinytf.fast.kernels, tinytf.fast.amp; "
             "assert 'cupy' not in sys.modules, 'tinytf imported cupy'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -306,7 +305,7 @@ def test_dropout_draws_its_own_random_numbers(on_cpu):
     np.testing.assert_array_equal(kernels.dropout_forward(x, 0.3)[0], out1)
     # A new seed on the device gives new numbers at the same offsets (CUDA-graph replays).
     tinytf.manual_seed(7)
-    stream = tinytf.backend.counter_stream(np)
+    stream = tinytf.engine.backend.counter_stream(np)
     stream.advance()
     again, _ = kernels.dropout_forward(x, 0.3)
     assert abs(((again == 0) == (out1 == 0)).mean() - 0.58) < 0.02
@@ -351,7 +350,7 @@ def test_a_transformer_step_through_the_kernel_source_equals_the_numpy_step(on_c
     the FFN's bias + ReLU), cross-entropy, the column sums of the bias and layer-norm
     gradients. Loss and every parameter gradient equal the NumPy ops'. (Dropout is off:
     the kernel draws other random numbers than NumPy; it has tests of its own here.)"""
-    from tinytf.transformer import Transformer, TransformerConfig, label_smoothed_loss
+    from tinytf.models.transformer import Transformer, TransformerConfig, label_smoothed_loss
     cfg = TransformerConfig.preset("tiny", d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2,
                                    n_decoder_layers=2, vocab_size=61, dropout=0.0)
     g = np.random.default_rng(4)
@@ -927,10 +926,10 @@ def test_gpu_every_op_forward_backward_equals_numpy(case):
     outs = {}
     for device in ("cpu", "gpu"):
         ts = [Tensor(tinytf.backend.to_device(a, device), requires_grad=True) for a in arrays]
-        y = fn(lambda aux: tinytf.backend.to_device(aux, device), *ts)
+        y = fn(lambda aux: tinytf.engine.backend.to_device(aux, device), *ts)
         g = np.random.default_rng(5).standard_normal(y.shape).astype(y.dtype)
-        y.backward(tinytf.backend.to_device(g, device))
-        outs[device] = (y.numpy(), [tinytf.backend.to_numpy(t.grad) for t in ts])
+        y.backward(tinytf.engine.backend.to_device(g, device))
+        outs[device] = (y.numpy(), [tinytf.engine.backend.to_numpy(t.grad) for t in ts])
     (y_cpu, g_cpu), (y_gpu, g_gpu) = outs["cpu"], outs["gpu"]
     np.testing.assert_allclose(y_gpu, y_cpu, rtol=1e-4, atol=1e-5)
     for a, b in zip(g_gpu, g_cpu):

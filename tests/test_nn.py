@@ -1,10 +1,10 @@
-"""tinytf.nn: parameter registration and order, state dicts, train/eval, seeded init."""
+"""tinytf.nn.modules: parameter registration and order, state dicts, train/eval, seeded init."""
 import numpy as np
 import pytest
 
 import tinytf
 from tinytf import Tensor, nn
-from tinytf.gradcheck import gradcheck
+from tinytf.engine.gradcheck import gradcheck
 
 
 class Block(nn.Module):

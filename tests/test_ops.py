@@ -1,5 +1,5 @@
 """Property tests for every primitive op on Tensor: forward equals NumPy, backward equals
-float64 central differences (tinytf.gradcheck, rtol 1e-4, atol 1e-6).
+float64 central differences (tinytf.engine.gradcheck, rtol 1e-4, atol 1e-6).
 
 Hypothesis draws the shapes (0-d, size-1 broadcast dimensions), the memory layout of each
 input (contiguous, transposed view, strided view) and a seed for the values; values are kept
@@ -9,13 +9,14 @@ tested the same way in tests/test_functional.py.
 """
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import tinytf
 from tinytf import Tensor
 from tinytf import functional as F
-from tinytf.gradcheck import gradcheck
+from tinytf.engine.gradcheck import gradcheck
 
 LAYOUTS = st.sampled_from(["contiguous", "transposed", "strided"])
 SEEDS = st.integers(0, 2**32 - 1)

@@ -1,4 +1,4 @@
-"""tinytf.optim: Adam against the formula by hand, the paper's schedule, gradient clipping."""
+"""tinytf.optim.adam: Adam against the formula by hand, the paper's schedule, gradient clipping."""
 import json
 import math
 
@@ -308,7 +308,7 @@ def test_single_process_allreduce_scales_the_flat_buffer_in_place():
     # The trainer scales the gradients by 1 / tokens through the communicator, which sorts
     # the parameters by name: the flat slots must stay linked (no per-parameter copies).
     from tinytf import functional as F
-    from tinytf.distributed import SingleCommunicator
+    from tinytf.distributed.communicator import SingleCommunicator
     model = _mlp()
     opt = optim.Adam(model.named_parameters(), lr=0.01)
     _train_steps(model, opt, 1)

@@ -1,5 +1,5 @@
-"""The prepared corpus (tinytf.prepare, tinytf.corpus_file): encoded once, streamed in chunks by
-worker processes, memory-mapped, checked against its sources; and train.py's use of it."""
+"""The prepared corpus (tinytf.data.prepare, tinytf.data.corpus_file): encoded once, streamed
+in chunks by worker processes, memory-mapped, checked against its sources; and train.py's use of it."""
 import json
 import os
 import pathlib
@@ -12,11 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from tinytf.bpe import BPE
-from tinytf.checkpoint import sha256_file
-from tinytf.corpus_file import CorpusWriter, open_corpus, read_header, stale_reason
-from tinytf.data import BatchIterator, DataError, ParallelCorpus, read_parallel
-from tinytf.prepare import prepare_corpus
+from tinytf.data.batches import BatchIterator, DataError, ParallelCorpus, read_parallel
+from tinytf.data.corpus_file import CorpusWriter, open_corpus, read_header, stale_reason
+from tinytf.data.prepare import prepare_corpus
+from tinytf.text import BPE
+from tinytf.utils.checkpoint import sha256_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "data", "ende")
@@ -125,8 +125,8 @@ def test_a_full_disk_is_one_error_naming_the_corpus(bpe_path, tmp_path, file_siz
     code = f"""
 import sys
 sys.path.insert(0, {ROOT!r})
-from tinytf.data import DataError
-from tinytf.prepare import prepare_corpus
+from tinytf.data.batches import DataError
+from tinytf.data.prepare import prepare_corpus
 try:
     prepare_corpus({PAIR[0]!r}, {PAIR[1]!r}, {bpe_path!r}, {out!r}, 128, workers=1)
 except DataError as e:
@@ -145,7 +145,7 @@ def test_a_killed_writer_s_leftovers_go_at_the_next_preparation(bpe_path, tmp_pa
     """A writer killed half-way (SIGKILL: no clean-up runs) leaves ``c.tmp-PID``; the next
     preparation removes it once that process is gone, and leaves a running one's alone."""
     out = str(tmp_path / "c")
-    code = ("import time, numpy as np\nfrom tinytf.corpus_file import CorpusWriter\n"
+    code = ("import time, numpy as np\nfrom tinytf.data.corpus_file import CorpusWriter\n"
             f"w = CorpusWriter({out!r}, 1000)\n"
             "w.add(np.arange(3), [3], np.arange(2), [2], [0])\n"
             "print('half-way', flush=True)\ntime.sleep(120)\n")
@@ -231,9 +231,9 @@ def test_train_prepares_once_maps_on_resume_and_rebuilds_when_stale(data_dir, tm
 def test_a_bpe_that_runs_out_of_pairs_says_so(data_dir, tmp_path):
     """A --vocab-size beyond what the training text holds: the BPE stops where no pair of
     pieces occurs twice more, and the log line says how many pieces of how many asked."""
-    from tinytf.distributed import SingleCommunicator
-    from tinytf.run_dir import run_bpe
-    from tinytf.train_config import TrainConfig
+    from tinytf.distributed.communicator import SingleCommunicator
+    from tinytf.training.config import TrainConfig
+    from tinytf.training.run_dir import run_bpe
     lines = []
 
     class Log:

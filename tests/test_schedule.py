@@ -1,12 +1,12 @@
-"""tinytf.schedule and how TrainConfig chooses a schedule from the user's flags."""
+"""tinytf.optim.schedule and how TrainConfig chooses a schedule from the user's flags."""
 import math
 
 import numpy as np
 import pytest
 
-from tinytf import schedule
-from tinytf.schedule import Schedule
-from tinytf.trainer import TrainConfig, TrainError
+from tinytf.optim import schedule
+from tinytf.optim.schedule import Schedule
+from tinytf.training.config import TrainConfig, TrainError
 
 
 def test_inverse_sqrt_is_fairseqs_formula():
@@ -158,7 +158,7 @@ def test_a_warm_up_far_shorter_than_the_tuned_one_warns_with_the_budget_known():
 def test_expected_updates_is_the_step_or_the_time_budget_whichever_ends_first():
     import time
 
-    from tinytf.train_progress import Progress
+    from tinytf.training.progress import Progress
     assert Progress(start_step=0, budget=math.inf).expected_updates(20) is None
     assert Progress(start_step=0, budget=math.inf, max_steps=900).expected_updates(20) == 900
     timed = Progress(start_step=0, budget=60.0, t_start=time.perf_counter() - 10.0)

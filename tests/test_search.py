@@ -1,4 +1,4 @@
-"""Tests for tinytf.search on hand-made scorers (no model needed).
+"""Tests for tinytf.decoding.search on hand-made scorers (no model needed).
 
 The scorers here look at the whole prefix of every row, so a wrong ``state.select`` (beam
 reordering, dropping finished sentences) changes the scores and shows up in the results.
@@ -10,10 +10,17 @@ import zlib
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tinytf.search import (Hypothesis, beam_search, greedy_search, length_penalty, top_k,
-                           top_k_by_bound)
+from tinytf.decoding.search import (
+    Hypothesis,
+    beam_search,
+    greedy_search,
+    length_penalty,
+    top_k,
+    top_k_by_bound,
+)
 
 BOS, EOS = 1, 2
 

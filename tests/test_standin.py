@@ -19,10 +19,10 @@ import sys
 
 import numpy as np
 import pytest
-
 from test_distributed import SCRIPTS, requires_mpi, run_mpi
-from tinytf import checkpoint
-from tinytf.kernels import host
+
+from tinytf.fast.kernels import host
+from tinytf.utils import checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STANDIN = os.path.join(ROOT, "tests", "standin")
@@ -57,21 +57,20 @@ def _summary(stdout):
 STEP_SCRIPT = r"""
 import json, os, sys
 import cupy
-from tinytf import trainer
+from tinytf.training import config, loop, trainer
 data, out, precision = sys.argv[1:4]
-cfg = trainer.apply_overrides(trainer.TrainConfig(
+cfg = config.apply_overrides(config.TrainConfig(
     data=data, out=out, device="gpu", precision=precision, vocab_size=300, max_tokens=120,
     warmup=4, lr_factor=1.0, seed=3, clip_norm=0.5, save_interval=1000), sys.argv[4:])
 t = trainer.Trainer(cfg, log_stream=open(os.devnull, "w"))
 assert type(t.model.embed.weight.data) is cupy.ndarray
-stream = trainer._forever(t.batches)
+stream = loop.forever(t.batches)
 t.train_step([next(stream)])              # the first step builds Adam's flat buffers
 steps = []
 for _ in range(2):
     batches = [next(stream)]
     cupy.transfers.clear()
-    loss_sum, tokens = t.forward_backward(batches)
-    update = t.launch_update(loss_sum, tokens)
+    update = t.launch_step(batches)
     launched = dict(cupy.transfers)
     result = t.settle(update)
     steps.append({"launched": launched, "settled": dict(cupy.transfers), "result": result})
@@ -83,7 +82,7 @@ print(json.dumps(steps))
 @pytest.mark.parametrize("precision", ["float32", "fp16"])
 def test_a_gpu_training_step_reads_the_device_only_when_it_settles(data_dir, tmp_path,
                                                                    precision):
-    """forward_backward and launch_update (batches to the device, forward, backward,
+    """launch_step (batches to the device, forward, backward,
     all-reduce scaling, norm, clipping, the skip flag, Adam, under fp16 the loss scale)
     read nothing back from the device; settle reads exactly two numbers, the gradient
     norm and the loss. This is the GPU path: fused kernels and cuBLAS plans."""
@@ -210,9 +209,9 @@ import json
 import numpy as np
 import cupy
 import tinytf
-from tinytf import search
-from tinytf.tensor import no_grad
-from tinytf.transformer import Transformer, TransformerConfig
+from tinytf.decoding import search
+from tinytf.engine.tensor import no_grad
+from tinytf.models.transformer import Transformer, TransformerConfig
 V = 101
 cfg = TransformerConfig.preset("tiny", vocab_size=V, d_model=16, n_heads=2, d_ff=32,
                                n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, max_len=40)

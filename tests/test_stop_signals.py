@@ -1,10 +1,10 @@
-"""tinytf.stop_signals: what a stop signal does inside catching, interrupting and deferred."""
+"""tinytf.training.signals: what a stop signal does inside catching, interrupting and deferred."""
 import os
 import signal
 
 import pytest
 
-from tinytf.stop_signals import StopRequested, StopSignals
+from tinytf.training.signals import StopRequested, StopSignals
 
 
 class _Log:

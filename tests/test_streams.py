@@ -1,4 +1,4 @@
-"""tinytf.streams.write_all, and the commands that write through it: a write the file system
+"""tinytf.utils.streams.write_all, and the commands that write through it: a write the file system
 cuts short (here a file-size limit, as a full disk does) ends in an error, never in a
 truncated output and exit status 0 (what CPython's buffered standard output gave)."""
 import io
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tinytf.bpe import BPE
-from tinytf.streams import write_all
+from tinytf.text import BPE
+from tinytf.utils.streams import write_all
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "data", "ende")
@@ -32,7 +32,7 @@ def test_write_all_writes_everything_or_raises(tmp_path, run_limited):
     data = bytes(range(256)) * 40                       # 10,240 bytes, above the limit
     code = ("import sys\n"
             f"sys.path.insert(0, {ROOT!r})\n"
-            "from tinytf.streams import write_all\n"
+            "from tinytf.utils.streams import write_all\n"
             "try:\n"
             "    write_all(sys.stdout.buffer, bytes(range(256)) * 40)\n"
             "except OSError as e:\n"
@@ -64,22 +64,22 @@ def test_bpe_on_a_full_standard_output_is_an_error(bpe_model, tmp_path, run_limi
     if command == "decode":
         pieces = tmp_path / "pieces"
         with open(pieces, "wb") as out, open(source, "rb") as inp:
-            subprocess.run([sys.executable, "-m", "tinytf.bpe", "encode", "--model", bpe_model],
-                           stdin=inp, stdout=out, check=True, cwd=ROOT, timeout=120)
+            subprocess.run([sys.executable, "-m", "tinytf.commands.bpe", "encode", "--model",
+                            bpe_model], stdin=inp, stdout=out, check=True, cwd=ROOT, timeout=120)
         source = str(pieces)
-    result = run_limited(["-m", "tinytf.bpe", command, "--model", bpe_model], tmp_path / "out",
-                         source)
+    result = run_limited(["-m", "tinytf.commands.bpe", command, "--model", bpe_model],
+                         tmp_path / "out", source)
     err = result.stderr.decode()
     assert result.returncode == 2, err
-    assert err == ("python -m tinytf.bpe: error: the standard output: cannot write: File too "
-                   "large\n")
+    assert err == ("python -m tinytf.commands.bpe: error: the standard output: cannot write: "
+                   "File too large\n")
 
 
 def test_bpe_into_a_closed_pipe_ends_quietly(bpe_model):
     """| head: the reader goes away; exit 141 (128 + SIGPIPE) and nothing on stderr, as
     translate.py does (it printed "error: [Errno 32] Broken pipe", exit 1)."""
     with open(os.path.join(DATA, "train.en"), "rb") as inp:
-        proc = subprocess.Popen([sys.executable, "-m", "tinytf.bpe", "encode", "--model",
+        proc = subprocess.Popen([sys.executable, "-m", "tinytf.commands.bpe", "encode", "--model",
                                  bpe_model], stdin=inp, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, cwd=ROOT)
         assert proc.stdout.readline()

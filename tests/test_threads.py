@@ -5,10 +5,12 @@ import threading
 import numpy as np
 import pytest
 
-from tinytf import backend, fast, ops, workers
+from tinytf import fast, ops
+from tinytf.engine import backend
+from tinytf.engine.tensor import Tensor
 from tinytf.fast import cpu, threads
-from tinytf.tensor import Tensor
-from tinytf.transformer import Transformer, TransformerConfig, label_smoothed_loss
+from tinytf.models.transformer import Transformer, TransformerConfig, label_smoothed_loss
+from tinytf.utils import workers
 
 rng = np.random.default_rng(0)
 

@@ -1,4 +1,5 @@
-"""train.py and tinytf.trainer: exact resume, CLI smoke run, clear errors, non-finite steps."""
+"""train.py and tinytf.training.trainer: exact resume, CLI smoke run, clear errors, non-finite
+steps."""
 import dataclasses
 import importlib.util
 import io
@@ -16,10 +17,12 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from tinytf import budget, checkpoint, evaluate, pipelined, run_dir, trainer
-from tinytf.train_log import count_of
-from tinytf.train_progress import Progress
-from tinytf.trainer import TrainConfig, TrainError, apply_overrides
+from tinytf.training import evaluate, loop, pipelined, run_dir, trainer
+from tinytf.training.recipes import tiny
+from tinytf.training.progress import Progress, budget_seconds_spent
+from tinytf.training.config import TrainConfig, TrainError, apply_overrides
+from tinytf.utils import checkpoint
+from tinytf.utils.log import count_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -133,12 +136,12 @@ def test_cli_smoke_run_prints_json_summary(data_dir, tmp_path, capsys):
     first = (out / "train.log").read_text().splitlines()[0]
     assert first[:4].isdigit() and " | " in first
     (out / "training.svg").unlink()
-    drawn = subprocess.run([sys.executable, "-m", "tinytf.plot", str(out)], cwd=ROOT,
+    drawn = subprocess.run([sys.executable, "-m", "tinytf.utils.plot", str(out)], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
     assert drawn.returncode == 0 and (out / "training.svg").read_text().startswith("<svg")
     for where, problem in ((tmp_path / "none", "no such run directory"),
                            (tmp_path, "no log.jsonl (not a run directory)")):
-        drawn = subprocess.run([sys.executable, "-m", "tinytf.plot", str(where)], cwd=ROOT,
+        drawn = subprocess.run([sys.executable, "-m", "tinytf.utils.plot", str(where)], cwd=ROOT,
                                capture_output=True, text=True, timeout=60)
         assert drawn.returncode == 2 and f"{where}: {problem}" in drawn.stderr, drawn.stderr
     assert {"epoch", "index"} <= set(meta["data_state"]) and "numpy" in meta["rng_state"]
@@ -216,7 +219,8 @@ def test_device_gpu_without_a_usable_gpu_is_a_usage_error(data_dir, tmp_path, ca
 def test_device_defaults_to_tinytf_device(monkeypatch, capsys):
     """--device defaults to $TINYTF_DEVICE (README: ``--device gpu`` or ``TINYTF_DEVICE=gpu``),
     in train.py as in translate.py; another value than cpu or gpu is a usage error."""
-    from tinytf.commands import train as train_command, translate as translate_command
+    from tinytf.commands import train as train_command
+    from tinytf.commands import translate as translate_command
     for command in (train_command, translate_command):
         monkeypatch.delenv("TINYTF_DEVICE", raising=False)
         assert command.build_parser().get_default("device") == "cpu"
@@ -247,7 +251,7 @@ def test_a_log_that_cannot_be_written_never_stops_the_training(data_dir, tmp_pat
     assert "stopped (max_steps) at step 3" in log
     assert json.loads((out / "summary.json").read_text())["steps"] == 3
 
-    from tinytf.train_log import Logger
+    from tinytf.utils.log import Logger
     stream = io.StringIO()
     logger = Logger(str(tmp_path / "no_such_dir"), stream=stream)
     for i in range(3):
@@ -617,23 +621,23 @@ def test_the_loop_keeps_one_update_in_flight_and_equals_train_step(data_dir, tmp
               clip_norm=0.5)
     piped = pipelined.PipelinedTrainer(_config(data_dir, tmp_path / "piped", **kw),
                                        log_stream=open(os.devnull, "w"))
-    events, fb, settle = [], piped.forward_backward, piped.settle
+    events, fb, settle = [], piped.run_batches, piped.settle
 
-    def forward_backward(batches):
-        events.append(f"fb{piped.launched + 1}")
-        return fb(batches)
+    def forward_backward(batches, seed):
+        events.append(f"fb{piped.launched}")
+        return fb(batches, seed)
 
     def settle_update(update):
         result = settle(update)
         events.append("skip" if result["skipped"] else f"step{piped.step}")
         return result
-    piped.forward_backward, piped.settle = forward_backward, settle_update
+    piped.run_batches, piped.settle = forward_backward, settle_update
     summary = piped.train()
     assert summary["steps"] == 7
 
     synced = trainer.Trainer(_config(data_dir, tmp_path / "synced", **kw),
                              log_stream=open(os.devnull, "w"))
-    stream = trainer._forever(synced.batches)
+    stream = loop.forever(synced.batches)
     while synced.step < 7:
         synced.train_step([next(stream)])
     _same_state(piped, synced)
@@ -665,16 +669,22 @@ def test_a_non_finite_loss_skips_the_update_on_the_device(data_dir, tmp_path):
                         log_stream=open(os.devnull, "w"))
     t.train_step([next(iter(t.batches))])
     before = t.model.state_dict()
-    loss_sum, tokens = t.forward_backward([next(iter(t.batches))])
-    grads = [p.grad.copy() for _, p in t.params]
-    assert all(np.isfinite(g).all() for g in grads)
-    update = t.launch_update(np.full((), np.inf, np.float32), tokens)
+    run_batches, grads = t.run_batches, []
+
+    def infinite_loss(batches, seed):       # finite gradients, a loss of inf
+        _, tokens = run_batches(batches, seed)
+        grads.extend(p.grad.copy() for _, p in t.params)
+        return np.full((), np.inf, np.float32), tokens
+    t.run_batches = infinite_loss
+    update = t.launch_step([next(iter(t.batches))])
+    assert grads and all(np.isfinite(g).all() for g in grads)
     assert np.isnan(update.norm) and isinstance(update.norm, np.ndarray)  # not read yet
     result = t.settle(update)
     assert result["skipped"] and not result["overflow"] and t.bad_in_a_row == 1
     assert (t.step, t.skipped, t.launched, t.optimizer.step_count) == (1, 1, 2, 1)
     for name, value in t.model.state_dict().items():
         np.testing.assert_array_equal(value, before[name])
+    t.run_batches = run_batches
     assert t.train_step([next(iter(t.batches))])["skipped"] is False and t.step == 2
 
 
@@ -774,21 +784,21 @@ def test_time_budget_progress_continues_from_a_resumed_fraction(data_dir, tmp_pa
     run = trainer.Trainer(_config(data_dir, tmp_path / "r", max_minutes=1.0),
                           log_stream=open(os.devnull, "w"))
     # 50 s spent before this invocation, 50 s left of 100; 25 s into it: 0.75.
-    run._progress = Progress(start_step=0, budget=50.0, spent_before=50.0,
+    run.progress = Progress(start_step=0, budget=50.0, spent_before=50.0,
                              t_start=time.perf_counter() - 25.0)
     assert run.budget_progress(1) == pytest.approx(0.75, abs=1e-3)
-    assert run._progress.budget_seconds_spent() == pytest.approx(75.0, abs=0.1)
-    run._progress.t_start -= 1000.0
+    assert run.progress.budget_seconds_spent() == pytest.approx(75.0, abs=0.1)
+    run.progress.t_start -= 1000.0
     assert run.budget_progress(1) == 1.0        # never past the end
     run.cfg.max_steps = 10
-    run._progress = None
+    run.progress = None
     assert run.budget_progress(6) == pytest.approx(0.5)
     run.close()
     assert Progress(start_step=0, budget=math.inf, spent_before=50.0).time_spent() == 0.0
     # A checkpoint of older code kept only the fraction: that much of the budget.
     cfg = _config(data_dir, tmp_path / "r", max_minutes=2.0)
-    assert budget.budget_seconds_spent({"budget_progress": 0.5}, cfg) == 60.0
-    assert budget.budget_seconds_spent({"budget_progress": 0.5, "budget_seconds_spent": 7.5},
+    assert budget_seconds_spent({"budget_progress": 0.5}, cfg) == 60.0
+    assert budget_seconds_spent({"budget_progress": 0.5, "budget_seconds_spent": 7.5},
                                        cfg) == 7.5
 
 
@@ -823,7 +833,7 @@ def test_a_budget_given_on_resume_replaces_the_run_s_budget(data_dir, tmp_path):
     --max-minutes or --max-epochs likewise replaces a stored budget; a budget not given is
     kept. Under the linear schedule the new budget gets a warning (the learning rate
     follows it)."""
-    from tinytf.run_dir import resume_warnings, resumed_config
+    from tinytf.training.run_dir import resume_warnings, resumed_config
     out = tmp_path / "t"
     _run(_config(data_dir, out, max_steps=3))
     last = out / checkpoint.LAST
@@ -872,7 +882,7 @@ def test_the_first_lines_say_whether_a_test_set_will_be_scored(data_dir, tmp_pat
     for i, (data, kw, expected) in enumerate(cases):
         log = io.StringIO()
         t = trainer.Trainer(_config(data, tmp_path / f"run{i}", **kw), log_stream=log)
-        t.describe()
+        t.start_clock()
         t.close()
         assert expected in log.getvalue(), log.getvalue()
 
@@ -981,7 +991,7 @@ def test_the_linear_schedule_ends_with_the_epochs_of_max_epochs(data_dir, tmp_pa
     t.optimizer.step = lambda *a, **kw: (lrs.append(t.optimizer.lr), original(*a, **kw))[1]
     summary = t.train()
     assert summary["stopped"] == "max_epochs" and summary["steps"] == steps
-    assert t._progress.max_steps == steps
+    assert t.progress.max_steps == steps
     assert t.lr(steps + 1) == 0.0 and 0 < t.lr(steps) < t.lr(steps - 1)
     assert max(lrs) == pytest.approx(1e-3, rel=0.2) and lrs[-1] == pytest.approx(t.lr(steps))
 
@@ -1060,7 +1070,7 @@ def test_fitted_batch_halves_to_the_floor_while_the_budget_holds_too_few_updates
     """--min-updates: the batch is halved while the time budget at the measured pace holds
     fewer updates than asked, down to 1,024 tokens; a step budget that ends the run first
     leaves it alone."""
-    from tinytf.budget import MIN_FITTED_TOKENS, fitted_max_tokens
+    from tinytf.training.recipes.tiny import MIN_FITTED_TOKENS, fitted_max_tokens
     # 1.2 s per 2,048-token update: 500 in 10 minutes; 1,024 tokens give about 1,000.
     assert fitted_max_tokens(2048, 1.2, 600.0, 1500) == 1024 == MIN_FITTED_TOKENS
     assert fitted_max_tokens(2048, 0.3, 600.0, 1500) == 2048     # 2,000 updates: enough
@@ -1076,14 +1086,14 @@ def test_the_tiny_preset_fits_its_batch_whoever_chose_it():
     the user's (it is the largest batch the fit keeps), to 0 for the paper's presets; a
     user's value is kept, and 0 keeps --max-tokens as given."""
     assert TrainConfig().resolved().min_updates == 1500
-    assert TrainConfig().resolved().fits_batch()                 # the 10-minute default
+    assert tiny.fits_batch(TrainConfig().resolved())                 # the 10-minute default
     assert TrainConfig(max_tokens=8192).resolved().min_updates == 1500
-    assert TrainConfig(max_tokens=8192).resolved().fits_batch()
+    assert tiny.fits_batch(TrainConfig(max_tokens=8192).resolved())
     assert TrainConfig(max_tokens=4096, min_updates=800).resolved().min_updates == 800
-    assert not TrainConfig(max_tokens=4096, min_updates=0).resolved().fits_batch()
-    assert not TrainConfig(max_tokens=1024).resolved().fits_batch()  # cannot halve: not timed
+    assert not tiny.fits_batch(TrainConfig(max_tokens=4096, min_updates=0).resolved())
+    assert not tiny.fits_batch(TrainConfig(max_tokens=1024).resolved())  # cannot halve: not timed
     assert TrainConfig(config="base").resolved().min_updates == 0
-    assert not TrainConfig(max_steps=100).resolved().fits_batch()  # no time budget
+    assert not tiny.fits_batch(TrainConfig(max_steps=100).resolved())  # no time budget
     with pytest.raises(TrainError, match="--min-updates must not be negative"):
         TrainConfig(min_updates=-1).resolved()
 
@@ -1114,7 +1124,7 @@ def test_option_messages_name_the_flag_or_set():
     """A bad value is named as the user sets it: train.py's flag for an option that has one
     (every flag in train_config.FLAGS is train.py's), else ``--set key``."""
     from tinytf.commands.train import build_parser
-    from tinytf.train_config import FLAGS, option_of
+    from tinytf.training.config import FLAGS, option_of
     flags = {s for action in build_parser()._actions for s in action.option_strings}
     assert {option_of(key) for key in FLAGS} <= flags
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -1181,6 +1191,7 @@ def test_the_help_lists_each_presets_defaults_as_a_command_line_that_gives_them(
     command line, each line is accepted (keys without an option of their own as ``--set``)
     and resolves to exactly those defaults."""
     import shlex
+
     from tinytf.commands.train import build_parser, config_from_args
     parser = build_parser()
     lines = [line for line in parser.epilog.splitlines() if line.startswith("  ")]
@@ -1237,7 +1248,7 @@ def test_late_dropout_trains_without_dropout_until_its_epoch_and_resumes_bitwise
 def test_budget_epochs():
     """Passes over the data in a budget: updates x update_freq / batches, capped by
     max_epochs; None when nothing bounds them."""
-    from tinytf.budget import budget_epochs
+    from tinytf.training.recipes.tiny import budget_epochs
     assert budget_epochs(2680, 1, 98) == pytest.approx(27.35, abs=0.01)
     assert budget_epochs(100, 2, 50) == 4.0
     assert budget_epochs(100, 2, 50, max_epochs=3) == 3
@@ -1290,7 +1301,7 @@ def test_late_dropout_gives_way_to_a_long_budget(data_dir, tmp_path):
     kept.close()
     # Resumed as train.py resumes (the checkpoint's options): its choice stands, though the
     # new budget would choose otherwise.
-    from tinytf.run_dir import resumed_config
+    from tinytf.training.run_dir import resumed_config
     t, _ = start("resumed", max_steps=epochs * per_epoch)
     t.cfg = dataclasses.replace(t.cfg, max_steps=2)
     t.train()
@@ -1308,8 +1319,9 @@ def test_the_dropout_log_never_rounds_a_count_onto_its_threshold(tmp_path):
     """A count just under full_dropout_epochs prints below it, one just over at or above
     it: the figures are rounded down, never up to 8.0 for a budget of 7.97 epochs."""
     import io
-    from tinytf.budget import dropout_for_budget, epochs_text
-    from tinytf.train_log import Logger
+
+    from tinytf.training.recipes.tiny import dropout_for_budget, epochs_text
+    from tinytf.utils.log import Logger
 
     assert [epochs_text(e) for e in (7.97, 7.999999, 8.0, 8.04, 15.0)] == \
         ["7.9", "7.9", "8.0", "8.0", "15.0"]
@@ -1331,12 +1343,13 @@ def test_a_time_budget_decides_dropout_at_the_pace_of_its_first_epochs(data_dir,
     so that the count is exact), the log, config.json and the checkpoints state it, and a
     run stopped before epoch 3 decides when its resumed part gets there."""
     import io
-    from tinytf.run_dir import resumed_config
+
+    from tinytf.training.run_dir import resumed_config
 
     def run(out, max_epochs, **kw):
         t, log = _preset_dropout_trainer(data_dir, tmp_path, out, max_minutes=10_000,
                                          min_updates=0, max_epochs=max_epochs, **kw)
-        assert t.cfg.dropout_from_epoch == 5 and t.dropout_decided_at == 3
+        assert t.cfg.dropout_from_epoch == 5 and t.recipe.decided_at == 3
         assert t.model_cfg.dropout == 0.1
         return t.train(), log.getvalue()
 
@@ -1379,7 +1392,7 @@ def test_a_time_budget_decides_dropout_at_the_pace_of_its_first_epochs(data_dir,
                          given={"max_minutes", "max_epochs"}).resolved()
     log = io.StringIO()
     again = trainer.Trainer(cfg, log_stream=log)
-    assert again.dropout_decided_at == 3 and again.cfg.dropout_from_epoch == 5
+    assert again.recipe.decided_at == 3 and again.cfg.dropout_from_epoch == 5
     assert again.train()["dropout_from_epoch"] == 3
     assert "dropout: from epoch 3: the budget holds about" in log.getvalue()
 
@@ -1390,8 +1403,9 @@ def test_a_long_budget_raises_the_dropout_rate(data_dir, tmp_path):
     0.3. The model trains at that rate, the log says so, a user's ``--set dropout`` is kept,
     and a resumed run keeps the rate its start chose."""
     import io
-    from tinytf.budget import MAX_BUDGET_DROPOUT, budget_dropout
-    from tinytf.transformer import SublayerConnection
+
+    from tinytf.models.transformer import SublayerConnection
+    from tinytf.training.recipes.tiny import MAX_BUDGET_DROPOUT, budget_dropout
     assert budget_dropout(0.1, 0.02, 10, 9.8) == 0.1      # never below the model's
     assert budget_dropout(0.1, 0.02, 10, 10) == 0.1
     assert budget_dropout(0.1, 0.02, 10, 15) == 0.2
@@ -1423,7 +1437,7 @@ def test_a_long_budget_raises_the_dropout_rate(data_dir, tmp_path):
     summary = t.train()
     assert summary["dropout"] == 0.2 and summary["dropout_from_epoch"] == 3
     assert "dropout: none in epochs 1-2, 0.2 from epoch 3 on" in stream.getvalue()
-    from tinytf.run_dir import resumed_config
+    from tinytf.training.run_dir import resumed_config
     cfg = resumed_config(TrainConfig(data=data_dir, out=str(tmp_path / "fifteen"), resume=True,
                                      max_steps=4), given={"max_steps"}).resolved()
     again = trainer.Trainer(cfg, log_stream=io.StringIO())

@@ -1,4 +1,4 @@
-"""Tests of tinytf/transformer.py: config, shapes, masks, gradients, incremental decoding,
+"""Tests of tinytf/models/transformer.py: config, shapes, masks, gradients, incremental decoding,
 learning a small task, and (when torch is installed) agreement with bench/torch_transformer.py.
 """
 import os
@@ -9,12 +9,20 @@ import numpy as np
 import pytest
 
 import tinytf
-from tinytf import backend, optim
-from tinytf.gradcheck import gradcheck_random
-from tinytf.tensor import Tensor, no_grad
-from tinytf.transformer import (PAD_ID, DecoderState, Transformer, TransformerConfig,
-                                causal_mask, label_smoothed_loss, padding_mask,
-                                sinusoid_table)
+from tinytf import optim
+from tinytf.engine import backend
+from tinytf.engine.gradcheck import gradcheck_random
+from tinytf.engine.tensor import Tensor, no_grad
+from tinytf.models.transformer import (
+    PAD_ID,
+    DecoderState,
+    Transformer,
+    TransformerConfig,
+    causal_mask,
+    label_smoothed_loss,
+    padding_mask,
+    sinusoid_table,
+)
 
 BOS, EOS = 1, 2
 
@@ -178,7 +186,8 @@ def test_a_training_step_builds_the_expected_autograd_nodes():
     # LayerNorm). Plus 11: two embeddings with their scaling, position adds and dropouts,
     # the output projection, the logits' reshape and the loss.
     from collections import Counter
-    from tinytf.tensor import _topological_order
+
+    from tinytf.engine.tensor import _topological_order
     model = make_model(dropout=0.1).train()
     src, tgt = random_batch(np.random.default_rng(0), 2, 5, 6, 13)
     loss, _ = label_smoothed_loss(model(src, tgt), tgt)
@@ -555,3 +564,12 @@ def test_matches_pytorch_float64(pre_norm, sdpa, qk_norm, activation):
     t_grads = {n: p.grad.numpy() for n, p in ref.named_parameters()}
     for name, p in model.named_parameters():
         np.testing.assert_allclose(p.grad, t_grads[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_two_models_are_two_objects():
+    """A Transformer is a module, not a value: two models built alike are not equal, and a
+    model can key a dict (a @dataclass on the class made every pair equal and none hashable)."""
+    cfg = TransformerConfig(vocab_size=20, d_model=8, d_ff=16, n_heads=2, n_encoder_layers=1,
+                            n_decoder_layers=1)
+    a, b = Transformer(cfg), Transformer(cfg)
+    assert a != b and a == a and len({a: 1, b: 2}) == 2

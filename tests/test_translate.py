@@ -1,4 +1,4 @@
-"""Tests for tinytf.translation and translate.py on a tiny randomly initialised model.
+"""Tests for tinytf.decoding.translation and translate.py on a tiny randomly initialised model.
 
 The module fixture builds a real run directory: a small BPE learned on a few hundred lines of
 data/ende/train.*, a 2+2-layer model saved as three numbered checkpoints (different weights, for
@@ -21,15 +21,24 @@ import numpy as np
 import pytest
 
 import tinytf
-from tinytf import checkpoint
-from tinytf.bpe import BPE, EOS_ID
+from tinytf.decoding.search import beam_search, greedy_search
+from tinytf.decoding.translation import (
+    PrefixState,
+    DecodeProgress,
+    SearchOptions,
+    TranslationError,
+    Translator,
+    full_prefix_step,
+    make_batches,
+    one_line,
+    pad_sources,
+    read_text_lines,
+)
 from tinytf.fast import threads as row_threads
-from tinytf.search import beam_search, greedy_search
-from tinytf.translation import (
-    PrefixState, Progress, SearchOptions, TranslationError, Translator, full_prefix_step,
-    make_batches, one_line, pad_sources, read_text_lines)
-from tinytf.transformer import Transformer, TransformerConfig
-from tinytf.workers import blas_threads, set_blas_threads, thread_budget
+from tinytf.models.transformer import Transformer, TransformerConfig
+from tinytf.text import BPE, EOS_ID
+from tinytf.utils import checkpoint
+from tinytf.utils.workers import blas_threads, set_blas_threads, thread_budget
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data" / "ende"
@@ -184,7 +193,7 @@ def test_worker_processes_give_the_same_nbest_lists(translator, test_lines):
 def test_test_scores_in_worker_processes(translator):
     """The training run's final test BLEU: the same scores and logged samples with the beam
     search in 2 processes as in one."""
-    from tinytf.evaluate import test_scores  # noqa: PLC0415
+    from tinytf.training.evaluate import test_scores  # noqa: PLC0415
 
     class Log:
         def __init__(self):
@@ -355,8 +364,8 @@ def test_cli_a_killed_decoding_worker_is_one_line_and_exit_1(run_dir, tmp_path, 
                                                              capsys):
     """A decoding worker killed (by the OOM killer): one line that says so and how many
     lines are written, exit 1, no traceback."""
-    from tinytf import decode_workers  # noqa: PLC0415
     from tinytf.commands import translate as command  # noqa: PLC0415
+    from tinytf.decoding import workers as decode_workers  # noqa: PLC0415
     monkeypatch.setattr(decode_workers, "_translate_job",
                         lambda job: os.kill(os.getpid(), signal.SIGKILL))
     code = command.main(["--model", str(run_dir), "--input", str(DATA / "test.en"),
@@ -374,7 +383,7 @@ def test_cli_a_full_disk_is_one_line_naming_the_output(run_dir, test_lines, tmp_
     one line naming the output and the lines that are whole in it, exit 2, no traceback
     (the close after the failed write raised again, from ``finally``); through a redirected
     standard output too, where CPython's buffered writer dropped the rest of the block
-    without an error and the command exited 0 (tinytf.streams)."""
+    without an error and the command exited 0 (tinytf.utils.streams)."""
     src = tmp_path / "in.en"
     src.write_text("\n".join(test_lines) * 8 + "\n", encoding="utf-8")
     out = tmp_path / "out.de"
@@ -464,7 +473,7 @@ def test_average_is_the_mean_of_the_checkpoints(run_dir):
 
 
 def test_attention_weights_are_distributions(translator):
-    from tinytf.attention_svg import cross_attention_weights
+    from tinytf.decoding.attention_svg import cross_attention_weights
 
     src = translator.bpe.encode("A small test.") + [EOS_ID]
     weights = cross_attention_weights(translator.model, src, [300, 301, 302])
@@ -617,7 +626,7 @@ def test_progress_lines_give_the_rate_the_time_spent_and_the_time_to_go():
     total, the seconds to go at that rate; the closing line counts in the singular too."""
     import io
     out = io.StringIO()
-    progress = Progress(every=0.0, stream=out)
+    progress = DecodeProgress(every=0.0, stream=out)
     progress.start -= 10.0                            # 10 s ago
     progress(250, 1000)
     progress(1000, 1000)                              # done: no line
@@ -627,8 +636,8 @@ def test_progress_lines_give_the_rate_the_time_spent_and_the_time_to_go():
         r"translated 250/1,000 sentences, 2\d\.\d sentences/s, 10 s elapsed, about 3\d s to go",
         lines[0]), lines
     assert lines[1].startswith("translated 250 sentences, ") and "to go" not in lines[1]
-    assert Progress().summary(1).startswith("translated 1 sentence in ")
-    assert Progress().summary(1234).startswith("translated 1,234 sentences in ")
+    assert DecodeProgress().summary(1).startswith("translated 1 sentence in ")
+    assert DecodeProgress().summary(1234).startswith("translated 1,234 sentences in ")
 
 
 def test_output_onto_the_input_or_the_reference_is_refused(run_dir, tmp_path):

@@ -8,13 +8,13 @@ import pytest
 import tinytf
 from tinytf import functional as F
 from tinytf import nn
-from tinytf.bpe import BOS_ID, BPE, EOS_ID
-from tinytf.evaluate import greedy_translate
+from tinytf.decoding.search import beam_search
+from tinytf.decoding.translation import SearchOptions, Translator, pad_sources
+from tinytf.engine.tensor import Tensor
 from tinytf.fast.transposed import transposed, transposed_weights
-from tinytf.search import beam_search
-from tinytf.tensor import Tensor
-from tinytf.transformer import Transformer, TransformerConfig
-from tinytf.translation import SearchOptions, Translator, pad_sources
+from tinytf.models.transformer import Transformer, TransformerConfig
+from tinytf.text import BOS_ID, BPE, EOS_ID
+from tinytf.training.evaluate import greedy_translate
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "ende"
 

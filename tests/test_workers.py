@@ -1,4 +1,4 @@
-"""tinytf.workers: ordered_map's worker processes end with their parent, however it ends."""
+"""tinytf.utils.workers: ordered_map's worker processes end with their parent, however it ends."""
 import os
 import signal
 import subprocess
@@ -12,8 +12,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARENT = f"""
 import os, sys, time
 sys.path.insert(0, {ROOT!r})
-from tinytf.run_dir import RunLock
-from tinytf.workers import ordered_map
+from tinytf.training.run_dir import RunLock
+from tinytf.utils.workers import ordered_map
 
 lock = RunLock(sys.argv[1])      # forked workers share its file, and so the lock
 
@@ -43,8 +43,8 @@ def test_workers_end_with_a_killed_parent(sig, tmp_path):
     (a training run preempted while it learns its BPE): the workers end within a few
     seconds, not blocked for ever on their result pipe, and with them the run directory's
     lock, which they inherited: the requeued run can start."""
-    from tinytf.run_dir import RunLock
-    from tinytf.train_config import TrainError
+    from tinytf.training.config import TrainError
+    from tinytf.training.run_dir import RunLock
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -97,7 +97,7 @@ import multiprocessing, os, signal, sys, time
 sys.path.insert(0, {ROOT!r})
 sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
 from test_workers import _big_late_unless_first, _nap_unless_first
-from tinytf.workers import WorkerError, ordered_map
+from tinytf.utils.workers import WorkerError, ordered_map
 """
     t0 = time.monotonic()
     try:
@@ -194,7 +194,7 @@ def test_results_come_in_order_and_errors_at_their_turn():
     ``fn`` in a worker is raised at its item's turn, with the worker's traceback as a note;
     an answer that cannot be sent, or an initializer that fails, is an error too, and the
     map can be run again after each."""
-    from tinytf.workers import WorkerError, ordered_map
+    from tinytf.utils.workers import WorkerError, ordered_map
     items = [0, 2, 4, 6, 8, 10, 12, 14, 16]
     assert list(ordered_map(_refuse_odd, items, 3)) == [i * i for i in items]
     got = []
@@ -234,8 +234,9 @@ def test_a_killed_worker_is_one_line_and_exit_1_in_each_command(
 
     from tinytf.commands import prepare as prepare_command
     from tinytf.commands import train as train_command
-    from tinytf.text import cli, learn
-    from tinytf import prepare
+    from tinytf.data import prepare
+    from tinytf.commands import bpe as cli
+    from tinytf.text import learn
 
     with monkeypatch.context() as patch:
         patch.setattr(learn, "_count_range", _killed)
@@ -255,7 +256,7 @@ def test_a_killed_worker_is_one_line_and_exit_1_in_each_command(
         patch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a house\n" * 50)))
         status = cli.main(["encode", "--model", str(tmp_path / "p" / "bpe.json"),
                            "--workers", "2"])
-        _one_line_exit_1(status, capsys.readouterr().err, "python -m tinytf.bpe")
+        _one_line_exit_1(status, capsys.readouterr().err, "python -m tinytf.commands.bpe")
 
 
 def _pid(_):
@@ -267,7 +268,7 @@ def test_workers_start_as_the_pieces_need_them():
     forks no worker that would stay idle."""
     import multiprocessing
 
-    from tinytf.workers import ordered_map
+    from tinytf.utils.workers import ordered_map
     pieces = ordered_map(_pid, [0], 4)
     pid = next(pieces)
     assert [p.pid for p in multiprocessing.active_children()] == [pid]

@@ -1,10 +1,13 @@
 """tinytf: a from-scratch Transformer on NumPy or CuPy with hand-written autograd.
 
-Quick map: :mod:`tinytf.tensor` (Tensor, autograd engine), :mod:`tinytf.ops` (the
-reference ops), :mod:`tinytf.functional` (``F``), :mod:`tinytf.nn` (modules),
-:mod:`tinytf.optim` (Adam), :mod:`tinytf.schedule` (learning rates), :mod:`tinytf.backend`
-(NumPy or CuPy), :mod:`tinytf.fast` (the faster variants of the ops, on by default;
-``TINYTF_FAST=0`` runs the reference ops). docs/architecture.md has the layers.
+The folders are the layers, lowest first (docs/architecture.md draws them):
+:mod:`tinytf.engine` (arrays, the op table, ``Tensor`` and its backward, gradcheck),
+:mod:`tinytf.ops` (the reference ops), :mod:`tinytf.nn` (``F`` and the modules),
+:mod:`tinytf.optim` (Adam, clipping, learning-rate schedules), :mod:`tinytf.fast` (the
+faster variants of the ops, on by default; ``TINYTF_FAST=0`` runs the references),
+:mod:`tinytf.distributed`, :mod:`tinytf.models` (the Transformer), :mod:`tinytf.text`
+(BPE), :mod:`tinytf.data`, :mod:`tinytf.decoding` (beam search, the translator),
+:mod:`tinytf.training` and :mod:`tinytf.commands` (the programs).
 """
 import os as _os
 import sys as _sys
@@ -17,11 +20,14 @@ if "numpy" not in _sys.modules:
     # is set only if NumPy is not loaded yet, and never over the user's own setting.
     _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")
 
-from . import backend, ops  # noqa: F401,E402 - ops first: importing it fills the op table
-from . import fast, functional, nn, optim  # noqa: F401,E402
-from .backend import manual_seed  # noqa: E402
-from .functional import cat, split, stack, where  # noqa: E402
-from .tensor import Function, Tensor, is_grad_enabled, no_grad, tensor  # noqa: E402
+# ops first: importing it fills the op table that fast then overrides
+from tinytf import ops  # noqa: F401,E402
+from tinytf import fast, nn, optim  # noqa: F401,E402
+from tinytf.engine import backend  # noqa: F401,E402
+from tinytf.engine.backend import manual_seed  # noqa: E402
+from tinytf.engine.tensor import Function, Tensor, is_grad_enabled, no_grad, tensor  # noqa: E402
+from tinytf.nn import functional  # noqa: F401,E402
+from tinytf.nn.functional import cat, split, stack, where  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -8,7 +8,8 @@ import os
 import numpy as np
 from dp_common import ROOT  # noqa: F401 - puts the repository on sys.path
 
-from tinytf import distributed, nn, optim
+from tinytf import nn, optim
+from tinytf.distributed import communicator as distributed
 
 
 def main() -> None:

@@ -45,7 +45,7 @@ def build_model(kind: str, seed: int):
     if kind == "lm":
         model = TinyLM()
     elif kind == "transformer":
-        from tinytf.transformer import Transformer, TransformerConfig  # noqa: PLC0415
+        from tinytf.models.transformer import Transformer, TransformerConfig  # noqa: PLC0415
         cfg = TransformerConfig.preset("tiny", vocab_size=VOCAB, d_model=16, n_heads=2,
                                        d_ff=32, n_encoder_layers=1, n_decoder_layers=1,
                                        dropout=0.0, max_len=32)
@@ -86,7 +86,7 @@ def loss_sum(model, kind: str, batch: dict):
         logits = model(tgt[:, :-1])
         target = tgt[:, 1:]
     else:
-        from tinytf.transformer import label_smoothed_loss  # noqa: PLC0415
+        from tinytf.models.transformer import label_smoothed_loss  # noqa: PLC0415
         bos = np.ones((tgt.shape[0], 1), dtype=tgt.dtype)
         return label_smoothed_loss(model(batch["src"], np.concatenate([bos, tgt[:, :-1]], 1)),
                                    tgt, eps=0.1)

@@ -13,7 +13,8 @@ import time
 import numpy as np
 from dp_common import ROOT  # noqa: F401 - puts the repository on sys.path
 
-from tinytf import distributed, nn
+from tinytf import nn
+from tinytf.distributed import communicator as distributed
 
 
 def main(mode: str) -> None:

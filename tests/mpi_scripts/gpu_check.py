@@ -1,4 +1,4 @@
-"""GPU paths of tinytf.distributed, for a machine with CuPy and one or more GPUs.
+"""GPU paths of tinytf.distributed.communicator, for a machine with CuPy and one or more GPUs.
 
     mpirun -n 2 python tests/mpi_scripts/gpu_check.py [host] [cuda-aware] [nccl]
 
@@ -18,7 +18,7 @@ import numpy as np
 from dp_common import TinyLM
 
 import tinytf
-from tinytf import distributed
+from tinytf.distributed import communicator as distributed
 
 BASE_FLOATS = 48_234_496  # parameters of the base preset
 

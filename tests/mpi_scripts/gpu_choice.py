@@ -1,5 +1,5 @@
 """Under mpirun with the CuPy stand-in: the GPU that ``train.py``'s main leaves current on
-each rank when the run starts (``tinytf.run.train`` replaced by a probe that prints it)."""
+each rank when the run starts (``tinytf.training.run.train`` replaced by a probe that prints it)."""
 import json
 import sys
 

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 from dp_common import build_model, grads, save_params, train
 
-from tinytf import distributed
+from tinytf.distributed import communicator as distributed
 
 
 def main(kind: str, steps: int, out: str, per_rank_mean: bool = False) -> None:

@@ -3,7 +3,7 @@
 - ``tinytf-train`` (:mod:`.train`; ``python train.py`` in a checkout),
 - ``tinytf-translate`` (:mod:`.translate`; ``python translate.py``),
 - ``tinytf-average`` (:mod:`.average`: average a run's last checkpoints),
-- ``tinytf-bpe`` (:mod:`tinytf.text.cli`: learn, encode, decode).
+- ``tinytf-bpe`` (:mod:`tinytf.commands.bpe`: learn, encode, decode).
 
 Each ``main(argv)`` returns the exit status: 0 done, 1 internal error (a traceback), 2 usage
 or data error (one line naming the file), 128 + N stopped by signal N (141: a closed pipe).
@@ -12,10 +12,10 @@ or data error (one line naming the file), 128 + N stopped by signal N (141: a cl
 import os
 import sys
 
-from tinytf import backend
+from tinytf.engine import backend
 
 
-def default_device() -> str:
+def device_default() -> str:
     """``--device``'s default: ``$TINYTF_DEVICE`` ("cpu" or "gpu"; "cpu" when unset). Any
     other value is a usage error: one line on stderr, exit 2."""
     try:

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from tinytf import checkpoint
+from tinytf.utils import checkpoint
 
 
 def refuse_overwriting(output, paths) -> None:

@@ -7,7 +7,7 @@ Writes what ``train.py --out RUNDIR`` would write before its first update: ``RUN
 (learnt from both training sides when RUNDIR has none, or learnt it from a text that has
 changed since and holds no checkpoint; ``RUNDIR/bpe.source.json`` records what it was
 learnt from), ``RUNDIR/corpus`` (the training
-pairs encoded once, :mod:`tinytf.corpus_file`; rebuilt when stale) and, where no run has
+pairs encoded once, :mod:`tinytf.data.corpus_file`; rebuilt when stale) and, where no run has
 started yet, ``RUNDIR/config.json`` with these options. A later ``train.py --out RUNDIR``
 with the same --data, --vocab-size and ``train_max_len`` maps them and starts in seconds
 (another --vocab-size is refused, as for any BPE already in RUNDIR): prepare on a CPU node,
@@ -21,14 +21,21 @@ import signal
 import sys
 import time
 
-from tinytf import distributed
-from tinytf.bpe import BPEFileError
-from tinytf.data import DataError
-from tinytf.run_dir import (RunLock, data_paths, has_checkpoint, make_run_dir,
-                            prepared_corpus, run_bpe, write_run_config)
-from tinytf.stop_signals import StopRequested, StopSignals
-from tinytf.train_config import TrainConfig, TrainError, apply_overrides
-from tinytf.workers import WorkerError, signal_words
+from tinytf.data.batches import DataError
+from tinytf.distributed import communicator as distributed
+from tinytf.text import BPEFileError
+from tinytf.training.config import TrainConfig, TrainError, apply_overrides
+from tinytf.training.run_dir import (
+    RunLock,
+    data_paths,
+    has_checkpoint,
+    make_run_dir,
+    prepared_corpus,
+    run_bpe,
+    write_run_config,
+)
+from tinytf.training.signals import StopRequested, StopSignals
+from tinytf.utils.workers import WorkerError, signal_words
 
 
 class _Log:

@@ -1,4 +1,6 @@
-"""Train a Transformer (Vaswani et al. 2017) on parallel text: a thin shell over tinytf.trainer.
+"""Train a Transformer (Vaswani et al. 2017) on parallel text.
+
+A thin shell over :func:`tinytf.training.run.train`:
 
     python train.py                        # tiny preset, shipped en->de corpus, ~10 min on a CPU
     python train.py --data DIR --src en --tgt de --out RUNDIR --config base --max-steps 100000
@@ -17,18 +19,19 @@ import os
 import signal
 import sys
 
-from tinytf import backend, distributed
-from tinytf.bpe import BPEFileError
-from tinytf.commands import default_device
-from tinytf.checkpoint import CheckpointError
-from tinytf.data import DataError
-from tinytf.schedule import SCHEDULES
-from tinytf.stop_signals import StopRequested
-from tinytf.streams import drop_stdout
-from tinytf.run import train
-from tinytf.run_dir import resumed_config
-from tinytf.train_config import FLAGS, OPTIMIZERS, TrainConfig, TrainError, apply_overrides
-from tinytf.workers import WorkerError, signal_words
+from tinytf.commands import device_default
+from tinytf.data.batches import DataError
+from tinytf.distributed import communicator as distributed
+from tinytf.engine import backend
+from tinytf.optim.schedule import SCHEDULES
+from tinytf.text import BPEFileError
+from tinytf.training.config import FLAGS, OPTIMIZERS, TrainConfig, TrainError, apply_overrides
+from tinytf.training.run import train
+from tinytf.training.run_dir import resumed_config
+from tinytf.training.signals import StopRequested
+from tinytf.utils.checkpoint import CheckpointError
+from tinytf.utils.streams import drop_stdout
+from tinytf.utils.workers import WorkerError, signal_words
 
 USER_ERRORS = (TrainError, DataError, CheckpointError, BPEFileError)
 
@@ -52,19 +55,23 @@ def preset_defaults_text(options) -> str:
     return "".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line; options without a default here are filled in per preset
-    (``TrainConfig.resolved``)."""
-    d = TrainConfig()
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+def _data_options(p, d: TrainConfig) -> None:
+    """The training data and its BPE."""
     p.add_argument("--data", default=d.data, help="directory with train.SRC, train.TGT, "
                    f"dev.SRC, dev.TGT and optionally test.SRC, test.TGT (default: {d.data})")
     p.add_argument("--src", default=d.src, help=f"source language suffix (default: {d.src})")
     p.add_argument("--tgt", default=d.tgt, help=f"target language suffix (default: {d.tgt})")
-    p.add_argument("--out", metavar="RUNDIR", help="run directory: BPE model, checkpoints, "
-                   "logs (default: runs/<name of --data>-<config>, e.g. runs/ende-tiny)")
+    p.add_argument("--vocab-size", type=int, metavar="V",
+                   help="joint BPE vocabulary, learnt when RUNDIR has none "
+                        "(default: tiny 4000, others 8000)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="processes that learn the BPE and encode the training text into "
+                        "RUNDIR/corpus when it is missing or stale (default: the CPUs this "
+                        "process may use)")
+
+
+def _budget_options(p, d: TrainConfig) -> None:
+    """What one update holds and when the run stops."""
     p.add_argument("--config", default=d.config,
                    help=f"model preset: tiny, small, base, big (default: {d.config})")
     p.add_argument("--max-tokens", type=int, metavar="N",
@@ -89,8 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--best-metric", choices=["loss", "bleu"], default=d.best_metric,
                    help="the dev metric that picks checkpoint_best.npz and drives --patience "
                         f"(default: {d.best_metric})")
-    p.add_argument("--valid-samples", type=int, default=d.valid_samples, metavar="K",
-                   help=f"translations logged at every validation (default: {d.valid_samples})")
+
+
+def _optimizer_options(p, d: TrainConfig) -> None:
+    """Adam or RAdam, the learning rate and its schedule."""
+    p.add_argument("--optimizer", choices=OPTIMIZERS,
+                   help="adam: Adam(0.9, 0.98, 1e-9), the paper's; radam: the same with "
+                        "RAdam's rectifier of its early steps (Liu et al. 2020), which warms "
+                        "up by itself. Default: the preset's")
     p.add_argument("--lr-schedule", choices=SCHEDULES,
                    help="noam (the paper's: peak = factor * (d_model * warmup)^-0.5), "
                         "inverse_sqrt (fairseq's, peak --lr), linear (warm up to --lr, then "
@@ -102,18 +115,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, metavar="N", help="warm-up updates of the schedule")
     p.add_argument("--lr-factor", type=float, metavar="F",
                    help="factor of the paper's schedule (noam)")
-    p.add_argument("--optimizer", choices=OPTIMIZERS,
-                   help="adam: Adam(0.9, 0.98, 1e-9), the paper's; radam: the same with "
-                        "RAdam's rectifier of its early steps (Liu et al. 2020), which warms "
-                        "up by itself. Default: the preset's")
-    p.add_argument("--vocab-size", type=int, metavar="V",
-                   help="joint BPE vocabulary, learnt when RUNDIR has none "
-                        "(default: tiny 4000, others 8000)")
-    p.add_argument("--workers", type=int, metavar="N",
-                   help="processes that learn the BPE and encode the training text into "
-                        "RUNDIR/corpus when it is missing or stale (default: the CPUs this "
-                        "process may use)")
+    p.add_argument("--clip-norm", type=float, default=d.clip_norm, metavar="X",
+                   help="clip the gradient norm to X (default: 0, no clipping)")
     p.add_argument("--seed", type=int, default=d.seed, help=f"(default: {d.seed})")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model key (dropout=0.3, pre_norm=true, qk_norm=false, "
+                        "activation=gelu, ...) or a training key without its own option "
+                        "(train_max_len, valid_bleu_sentences, test_bleu, max_bad_steps, "
+                        "dropout_from_epoch: tiny 5, others 1; full_dropout_epochs: tiny 8, "
+                        "others 0, a budget of that many epochs or more starts dropout at "
+                        "long_dropout_from_epoch: tiny 3, its rate raised by "
+                        "dropout_per_epoch, tiny 0.02, for each epoch past "
+                        "dropout_rises_after, tiny 10, up to 0.3); repeatable")
+
+
+def _run_options(p, d: TrainConfig) -> None:
+    """Where the run lives, how it continues, how often it logs and saves."""
+    p.add_argument("--out", metavar="RUNDIR", help="run directory: BPE model, checkpoints, "
+                   "logs (default: runs/<name of --data>-<config>, e.g. runs/ende-tiny)")
     p.add_argument("--resume", nargs="?", const=True, choices=[True, "auto"], metavar="auto",
                    help="continue exactly from RUNDIR/checkpoint_last.npz, with the run's own "
                         "options (options given here override them; --max-steps, "
@@ -124,7 +143,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init-from", metavar="RUNDIR|CHECKPOINT",
                    help="start a new run from another run's weights (fine-tuning): the same "
                         "model shape, and its BPE model (copied into RUNDIR)")
-    p.add_argument("--device", choices=["cpu", "gpu"], default=default_device(),
+    p.add_argument("--log-interval", type=int, default=d.log_interval, metavar="N",
+                   help=f"steps per log line (default: {d.log_interval})")
+    p.add_argument("--save-interval", type=int, metavar="N", help="steps between checkpoints")
+    p.add_argument("--valid-interval", type=int, metavar="N",
+                   help="steps between validations (default: the save interval)")
+    p.add_argument("--keep-last", type=int, default=d.keep_last, metavar="K",
+                   help=f"numbered checkpoints kept, 0 for all (default: {d.keep_last})")
+    p.add_argument("--valid-samples", type=int, default=d.valid_samples, metavar="K",
+                   help=f"translations logged at every validation (default: {d.valid_samples})")
+
+
+def _device_options(p, d: TrainConfig) -> None:
+    """NumPy or CuPy, and the arithmetic."""
+    p.add_argument("--device", choices=["cpu", "gpu"], default=device_default(),
                    help="NumPy or CuPy; a resumed run keeps its own unless this is given "
                         "(default: $TINYTF_DEVICE or cpu)")
     p.add_argument("--precision", choices=["float32", "tf32", "bf16", "fp16"],
@@ -138,24 +170,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --device gpu: replay each step's forward and backward as a CUDA "
                         "graph, one per padded batch shape (no launch cost per op; batches "
                         "padded to lengths in multiples of 8)")
-    p.add_argument("--log-interval", type=int, default=d.log_interval, metavar="N",
-                   help=f"steps per log line (default: {d.log_interval})")
-    p.add_argument("--save-interval", type=int, metavar="N", help="steps between checkpoints")
-    p.add_argument("--valid-interval", type=int, metavar="N",
-                   help="steps between validations (default: the save interval)")
-    p.add_argument("--keep-last", type=int, default=d.keep_last, metavar="K",
-                   help=f"numbered checkpoints kept, 0 for all (default: {d.keep_last})")
-    p.add_argument("--clip-norm", type=float, default=d.clip_norm, metavar="X",
-                   help="clip the gradient norm to X (default: 0, no clipping)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a model key (dropout=0.3, pre_norm=true, qk_norm=false, "
-                        "activation=gelu, ...) or a training key without its own option "
-                        "(train_max_len, valid_bleu_sentences, test_bleu, max_bad_steps, "
-                        "dropout_from_epoch: tiny 5, others 1; full_dropout_epochs: tiny 8, "
-                        "others 0, a budget of that many epochs or more starts dropout at "
-                        "long_dropout_from_epoch: tiny 3, its rate raised by "
-                        "dropout_per_epoch, tiny 0.02, for each epoch past "
-                        "dropout_rises_after, tiny 10, up to 0.3); repeatable")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, in groups; options without a default here are filled in per
+    preset (``TrainConfig.resolved``)."""
+    d = TrainConfig()
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    for title, add in (("data", _data_options), ("batches and budget", _budget_options),
+                       ("optimizer and schedule", _optimizer_options),
+                       ("run directory", _run_options), ("device", _device_options)):
+        add(p.add_argument_group(title), d)
     options = vars(p.parse_args([]))    # every option's TrainConfig name, at its default
     p.epilog = ("Without --max-steps, --max-minutes or --max-epochs, training stops after 10 "
                 "minutes.\n"
@@ -205,7 +232,7 @@ def main(argv=None) -> int:
     first update)."""
     args = build_parser().parse_args(argv)
     given = given_options(sys.argv[1:] if argv is None else argv)
-    if args.device == "gpu":  # read by tinytf.backend and by distributed.init (GPU choice)
+    if args.device == "gpu":  # read by tinytf.engine.backend and by distributed.init (GPU choice)
         problem = backend.gpu_unusable()    # before mpirun's ranks choose their GPUs
         if problem is not None:
             print(f"{_prog()}: error: --device gpu {problem}", file=sys.stderr)
@@ -230,7 +257,7 @@ def main(argv=None) -> int:
             return 1
         except KeyboardInterrupt:
             # Ctrl-C before the first update or after the last one: the stop signals are
-            # the run's own from the first update to the summary (tinytf.stop_signals).
+            # the run's own from the first update to the summary (tinytf.training.signals).
             if comm.size > 1:
                 raise                   # comm.guard() ends every rank
             print(f"{_prog()}: interrupted; no update to save", file=sys.stderr)

@@ -10,42 +10,54 @@ Warnings, progress and errors go to stderr; the BLEU and chrF lines go to stdout
 stderr when the translations do. The input is read and translated ``--buffer-size`` lines
 at a time and each block is written at once, so the command also serves interactively (a
 line in, its translation out) and in pipes. ``--score-reference FILE`` scores given
-translations instead of searching. The work is done by :mod:`tinytf.translation`;
+translations instead of searching. The work is done by :mod:`tinytf.decoding.translation`;
 docs/decoding.md explains the search.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
 import sys
 import threading
 
-from tinytf import amp, backend
-from tinytf.bpe import BPEFileError
-from tinytf.commands import default_device
+from tinytf.commands import device_default
+from tinytf.decoding.search import Hypothesis
+from tinytf.decoding.translation import (
+    DecodeProgress,
+    SearchOptions,
+    TranslationError,
+    Translator,
+    corpus_bleu,
+    corpus_chrf,
+    read_text_lines,
+    stream_line_blocks,
+)
+from tinytf.engine import backend
+from tinytf.fast import amp
 from tinytf.fast.transposed import transposed_weights
-from tinytf.search import Hypothesis
-from tinytf.stop_signals import StopRequested
-from tinytf.streams import drop_stdout, note, write_all
-from tinytf.translation import (
-    Progress, SearchOptions, TranslationError, Translator, corpus_bleu, corpus_chrf,
-    read_text_lines, stream_line_blocks)
-from tinytf.workers import (STOP_SIGNALS, WorkerError, signal_words, stop_signals_held,
-                            thread_budget)
+from tinytf.text import BPEFileError
+from tinytf.training.signals import StopRequested
+from tinytf.utils.streams import drop_stdout, note, write_all
+from tinytf.utils.workers import (
+    STOP_SIGNALS,
+    WorkerError,
+    signal_words,
+    stop_signals_held,
+    thread_budget,
+)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line (``python translate.py --help``)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _model_options(p) -> None:
+    """The model and the search."""
     p.add_argument("--model", required=True, metavar="RUNDIR|CHECKPOINT",
                    help="a run directory (its checkpoint_last.npz or newest checkpoint) or a "
                         "checkpoint file; the BPE model is found beside it")
-    p.add_argument("--input", default="-", metavar="FILE|-",
-                   help="raw text, one sentence a line (default: stdin)")
-    p.add_argument("--output", default="-", metavar="FILE|-",
-                   help="where translations go (default: stdout)")
+    p.add_argument("--average", type=int, default=1, metavar="K",
+                   help="average the last K checkpoints of the run directory before decoding "
+                        "(default: 1, no averaging)")
     p.add_argument("--beam", type=int, default=4, help="beam size; 1 is greedy (default: 4)")
     p.add_argument("--alpha", type=float, default=0.6,
                    help="GNMT length penalty exponent: score = log P / ((5 + |Y|) / 6) ** alpha "
@@ -53,17 +65,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-len-a", type=float, default=1.0,
                    help="at most a * source tokens + b output tokens (default: a=1, b=50)")
     p.add_argument("--max-len-b", type=int, default=50, help="see --max-len-a")
+    p.add_argument("--nbest", type=int, default=1, metavar="K",
+                   help="write the K best translations of each line (Moses n-best format; "
+                        "default: 1)")
+
+
+def _io_options(p) -> None:
+    """Where the lines come from and go, and how many at a time."""
+    p.add_argument("--input", default="-", metavar="FILE|-",
+                   help="raw text, one sentence a line (default: stdin)")
+    p.add_argument("--output", default="-", metavar="FILE|-",
+                   help="where translations go (default: stdout)")
+    p.add_argument("--errors", choices=("strict", "replace"), default="strict",
+                   help="invalid UTF-8 in the input: stop with an error naming the line, or "
+                        "replace the bad bytes with U+FFFD (default: strict)")
+    p.add_argument("--buffer-size", type=int, default=1000, metavar="N",
+                   help="translate the input N lines at a time (sorted by length inside a "
+                        "block), writing each block before reading on; a line typed or piped "
+                        "in is answered at once (default: 1000)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--batch-size", type=int, default=None, metavar="N",
                       help="sentences per batch (default 64 when --max-tokens is not given)")
     size.add_argument("--max-tokens", type=int, default=None, metavar="N",
                       help="padded source tokens per batch")
-    p.add_argument("--nbest", type=int, default=1, metavar="K",
-                   help="write the K best translations of each line (Moses n-best format; "
-                        "default: 1)")
-    p.add_argument("--average", type=int, default=1, metavar="K",
-                   help="average the last K checkpoints of the run directory before decoding "
-                        "(default: 1, no averaging)")
+    p.add_argument("--print-attention", default=None, metavar="DIR",
+                   help="write the encoder-decoder attention of every translation (last layer, "
+                        "mean over heads) as DIR/line_<N>.svg")
+    p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")
+
+
+def _score_options(p) -> None:
+    """Scores against references."""
     p.add_argument("--reference", default=None, metavar="FILE",
                    help="print sacrebleu's BLEU and chrF against these references, with "
                         "their signatures")
@@ -75,30 +107,32 @@ def build_parser() -> argparse.ArgumentParser:
                         "(natural log, summed over the tokens and </s>) of the line of FILE "
                         "as its translation (forced decoding, as fairseq-generate "
                         "--score-reference and marian-scorer)")
-    p.add_argument("--device", choices=("cpu", "gpu"), default=default_device(),
+
+
+def _device_options(p) -> None:
+    """Where and how the model runs."""
+    p.add_argument("--device", choices=("cpu", "gpu"), default=device_default(),
                    help="where to run the model (default: $TINYTF_DEVICE or cpu)")
     p.add_argument("--precision", choices=("float32", "tf32", "bf16", "fp16"),
                    default="float32",
-                   help="compute precision of the model's products (tinytf.amp; bf16 and "
+                   help="compute precision of the model's products (tinytf.fast.amp; bf16 and "
                         "tf32 pay off on a GPU; on the CPU bf16 is emulated and fp16 has no "
                         "BLAS, about 40x slower than float32; default: float32)")
-    p.add_argument("--errors", choices=("strict", "replace"), default="strict",
-                   help="invalid UTF-8 in the input: stop with an error naming the line, or "
-                        "replace the bad bytes with U+FFFD (default: strict)")
-    p.add_argument("--print-attention", default=None, metavar="DIR",
-                   help="write the encoder-decoder attention of every translation (last layer, "
-                        "mean over heads) as DIR/line_<N>.svg")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="decode the batches in N processes of T / N threads each, T being "
                         "$TINYTF_THREADS, $OMP_NUM_THREADS, $OPENBLAS_NUM_THREADS or the CPUs "
                         "this process may use (a small model's search steps are too small for "
                         "a BLAS to spread over cores; the output is the same). Default: T; 1: "
                         "one process (always so on a GPU)")
-    p.add_argument("--buffer-size", type=int, default=1000, metavar="N",
-                   help="translate the input N lines at a time (sorted by length inside a "
-                        "block), writing each block before reading on; a line typed or piped "
-                        "in is answered at once (default: 1000)")
-    p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (``python translate.py --help``), in groups."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for title, add in (("model and search", _model_options),
+                       ("input and output", _io_options), ("scores", _score_options),
+                       ("device", _device_options)):
+        add(p.add_argument_group(title))
     return p
 
 
@@ -116,7 +150,7 @@ def _check(args, parser):
 
 
 def _write_svgs(translator, sources, results, directory, first: int = 1):
-    from tinytf.attention_svg import translation_attention_svg  # noqa: PLC0415
+    from tinytf.decoding.attention_svg import translation_attention_svg  # noqa: PLC0415
 
     for number, (ids, nbest) in enumerate(zip(sources, results), first):
         if ids and nbest:
@@ -155,7 +189,7 @@ def _open_output(path, keep=()):
 
 def _write(out, lines, path, whole: int) -> None:
     """Write ``lines`` (each with its newline) to ``out``, all of them
-    (:func:`tinytf.streams.write_all`); a write the file system refuses (a full disk) is a
+    (:func:`tinytf.utils.streams.write_all`); a write the file system refuses (a full disk) is a
     TranslationError naming the output and the ``whole`` lines written before these, which
     are complete in it."""
     try:
@@ -249,6 +283,67 @@ def _prog() -> str:
     return os.path.basename(sys.argv[0]) or "translate.py"
 
 
+def _open_files(args):
+    """Everything that can fail before the first line is decoded, in that order: the device,
+    the references, the input, the output (never one of the inputs) and the attention
+    directory. Returns (references or None, input descriptor, input file or None, output)."""
+    problem = backend.gpu_unusable() if args.device == "gpu" else None
+    if problem is not None:     # before any file is opened or written
+        raise TranslationError(f"--device gpu {problem}")
+    references = read_text_lines(args.reference, args.errors) if args.reference else None
+    fd, infile = _open_input(args.input)
+    out = _open_output(args.output, [("--input", args.input),
+                                     ("--reference", args.reference),
+                                     ("--score-reference", args.score_reference)])
+    if args.print_attention:   # made before any decoding, as the output is opened
+        try:
+            os.makedirs(args.print_attention, exist_ok=True)
+        except OSError as e:
+            why = "a file, not a directory" if os.path.isfile(args.print_attention) \
+                else f"cannot make the directory: {e.strerror}"
+            raise TranslationError(f"--print-attention {args.print_attention}: {why}") \
+                from None
+    return references, fd, infile, out
+
+
+@dataclasses.dataclass
+class Written:
+    """The input lines whose translations are written whole so far."""
+    lines: int = 0
+
+
+def _translate_blocks(args, translator, fd, out, name, written: Written) -> list[str]:
+    """Read a block of lines, translate it (sorted by length inside), write and flush it in
+    input order, then the next: bounded memory, and answers before the input ends. Returns
+    the best translations where --reference asks for them (else an empty list)."""
+    options = SearchOptions(beam_size=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
+                            max_len_b=args.max_len_b, nbest=args.nbest)
+    workers = args.workers or thread_budget()
+    progress = DecodeProgress(every=5.0) if not args.quiet else None
+    best = []
+    # The weights are fixed for the whole command: their transposes are copied once for all
+    # the blocks, not once per block (docs/decoding.md, "Cores").
+    with transposed_weights(translator.model):
+        for lines in stream_line_blocks(fd, args.buffer_size, name, args.errors):
+            sources = translator.encode_lines(lines, name)
+            results = translator.translate_ids(sources, options, args.batch_size,
+                                               args.max_tokens, workers=workers)
+            first = written.lines
+            with stop_signals_held():   # a block is written whole and counted, or not
+                _write(out, [line + "\n" for line in _format(
+                    translator, results, args.nbest, first)], args.output, first)
+                written.lines += len(lines)
+            if args.print_attention:
+                _write_svgs(translator, sources, results, args.print_attention, first + 1)
+            if args.reference:
+                best += [translator.detokenize(n[0]) if n else "" for n in results]
+            if progress is not None:
+                progress(written.lines, None)
+    if progress is not None:
+        note(progress.summary(written.lines))
+    return best
+
+
 def main(argv=None) -> int:
     """Run the command line; returns the exit status: 0 done, 2 usage or data error (one
     line naming the file), 141 the output pipe closed (128 + SIGPIPE), 130 interrupted
@@ -260,63 +355,22 @@ def main(argv=None) -> int:
     _check(args, parser)
     name = "<stdin>" if args.input == "-" else args.input
     out = infile = None
-    done = 0
+    written = Written()
     handlers = {}
     try:
-        problem = backend.gpu_unusable() if args.device == "gpu" else None
-        if problem is not None:     # before any file is opened or written
-            raise TranslationError(f"--device gpu {problem}")
-        references = read_text_lines(args.reference, args.errors) if args.reference else None
-        fd, infile = _open_input(args.input)
-        out = _open_output(args.output, [("--input", args.input),
-                                         ("--reference", args.reference),
-                                         ("--score-reference", args.score_reference)])
-        if args.print_attention:   # made before any decoding, as the output is opened
-            try:
-                os.makedirs(args.print_attention, exist_ok=True)
-            except OSError as e:
-                why = "a file, not a directory" if os.path.isfile(args.print_attention) \
-                    else f"cannot make the directory: {e.strerror}"
-                raise TranslationError(f"--print-attention {args.print_attention}: {why}") \
-                    from None
+        references, fd, infile, out = _open_files(args)
         translator = Translator.load(args.model, average=args.average, device=args.device,
                                      precision=args.precision)
         warning = amp.speed_warning(args.precision, args.device)
         if warning:
             note(warning)
-        options = SearchOptions(beam_size=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
-                                max_len_b=args.max_len_b, nbest=args.nbest)
         if args.score_reference:
             _score_reference(args, translator, fd, out, name)
             return 0
-        workers = args.workers or thread_budget()
-        progress = Progress(every=5.0) if not args.quiet else None
-        best = []
         handlers = _stop_on_signals()   # a scheduler's SIGTERM or SIGUSR1: as a Ctrl-C
-        # The weights are fixed for the whole command: their transposes are copied once for
-        # all the blocks, not once per block (docs/decoding.md, "Cores").
-        with transposed_weights(translator.model):
-            # Read a block of lines, translate it (sorted by length inside), write and flush it
-            # in input order, then the next: bounded memory, and answers before the input ends.
-            for lines in stream_line_blocks(fd, args.buffer_size, name, args.errors):
-                sources = translator.encode_lines(lines, name)
-                results = translator.translate_ids(sources, options, args.batch_size,
-                                                   args.max_tokens, workers=workers)
-                with stop_signals_held():   # a block is written whole and counted, or not
-                    _write(out, [line + "\n" for line in _format(
-                        translator, results, args.nbest, done)], args.output, done)
-                    done += len(lines)
-                if args.print_attention:
-                    _write_svgs(translator, sources, results, args.print_attention,
-                                done - len(lines) + 1)
-                if references is not None:
-                    best += [translator.detokenize(n[0]) if n else "" for n in results]
-                if progress is not None:
-                    progress(done, None)
-        if progress is not None:
-            note(progress.summary(done))
+        best = _translate_blocks(args, translator, fd, out, name, written)
         if references is not None:
-            _print_scores(args, best, references, done)
+            _print_scores(args, best, references, written.lines)
     except BrokenPipeError:
         # The reader went away (| head, | true): end quietly, as a shell tool does.
         drop_stdout()
@@ -325,16 +379,17 @@ def main(argv=None) -> int:
         print(f"{_prog()}: error: {e}", file=sys.stderr)
         return 2
     except WorkerError as e:            # killed (out of memory?); the blocks written are whole
-        print(f"{_prog()}: error: {e}; the first {done:,} lines are written", file=sys.stderr)
+        print(f"{_prog()}: error: {e}; the first {written.lines:,} lines are written",
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         # Every block written so far is complete and flushed; the workers ignore SIGINT and
         # are killed as the map of blocks stops.
-        print(f"{_prog()}: interrupted after {done:,} lines", file=sys.stderr)
+        print(f"{_prog()}: interrupted after {written.lines:,} lines", file=sys.stderr)
         return 128 + 2                  # SIGINT
     except StopRequested as stop:
         number = stop.args[0]
-        print(f"{_prog()}: stopped by {signal_words(number)} after {done:,} lines",
+        print(f"{_prog()}: stopped by {signal_words(number)} after {written.lines:,} lines",
               file=sys.stderr)
         return 128 + number
     finally:

@@ -36,23 +36,32 @@ The CPU's "in threads" is :mod:`tinytf.fast.threads` (``TINYTF_THREADS``), bitwi
 to one thread; ``FusedAdam`` updates the CPU's flat buffers the same way.
 ``TINYTF_FAST=0`` in the environment, or :func:`set_enabled` (False), runs the reference
 ops everywhere; ``tests/test_fast.py`` proves a whole Transformer step equal either way.
-The other fast paths, outside the op table: :mod:`tinytf.kernels` (the CUDA source and its
-wrappers), :mod:`tinytf.amp` (mixed precision), :mod:`tinytf.cuda_graph` (step replay),
-the flat-buffer Adam in :mod:`tinytf.optim`, and :mod:`tinytf.fast.memory` (glibc keeps
+The other fast paths, outside the op table: :mod:`tinytf.fast.kernels` (the CUDA source and its
+wrappers), :mod:`tinytf.fast.amp` (mixed precision), :mod:`tinytf.fast.cuda_graph` (step replay),
+the flat-buffer Adam in :mod:`tinytf.optim.adam`, and :mod:`tinytf.fast.memory` (glibc keeps
 freed memory for the next step; ``TINYTF_KEEP_MEMORY=0`` leaves malloc as it is).
 """
 from __future__ import annotations
 
 import os
 
-from ..dispatch import impl
-from ..optim import Adam
-from .cpu import BlockedCrossEntropy, FlatIndexEmbedding, RowParallelGELU
-from .cuda import (CublasMatMul, FusedAttention, FusedCrossEntropy, FusedDropout,
-                   FusedDropoutAdd, FusedLayerNorm, FusedLinear, FusedLogSoftmax, FusedReLU,
-                   FusedSoftmax)
-from .memory import keep_by_default
-from .optim import FusedAdam
+from tinytf.engine.dispatch import impl
+from tinytf.fast.cpu import BlockedCrossEntropy, FlatIndexEmbedding, RowParallelGELU
+from tinytf.fast.cuda import (
+    CublasMatMul,
+    FusedAttention,
+    FusedCrossEntropy,
+    FusedDropout,
+    FusedDropoutAdd,
+    FusedLayerNorm,
+    FusedLinear,
+    FusedLogSoftmax,
+    FusedReLU,
+    FusedSoftmax,
+)
+from tinytf.fast.memory import keep_by_default
+from tinytf.fast.optim import FusedAdam
+from tinytf.optim.adam import Adam
 
 __all__ = ["FAST_OPS", "set_enabled", "enabled", "BlockedCrossEntropy", "FlatIndexEmbedding",
            "FusedAdam", "adam"]
@@ -89,7 +98,7 @@ def set_enabled(flag: bool = True) -> None:
 
 def adam(params, **kwargs):
     """The Adam that training uses: :class:`FusedAdam` with the fast paths on, else
-    :class:`tinytf.optim.Adam` (same arguments, same state_dict)."""
+    :class:`tinytf.optim.adam.Adam` (same arguments, same state_dict)."""
     return (FusedAdam if _enabled else Adam)(params, **kwargs)
 
 

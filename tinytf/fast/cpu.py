@@ -21,17 +21,17 @@ import sys
 
 import numpy as np
 
-from .. import backend
-from ..backend import get_array_module, scatter_add
-from ..ops.attention import Attention, masked_softmax_, masked_softmax_grad_
-from ..ops.dropout import DropoutAdd, scaled_keep
-from ..ops.elementwise import GELU, gelu_, gelu_grad_
-from ..ops.embedding import Embedding
-from ..ops.loss import CrossEntropy
-from ..ops.matmul import Linear
-from ..ops.norm import LayerNorm, affine_, normalize_rows_, normalized_grad_
-from .threads import parallel_rows
-from .transposed import transposed
+from tinytf.engine import backend
+from tinytf.engine.backend import get_array_module, scatter_add
+from tinytf.fast.threads import parallel_rows
+from tinytf.fast.transposed import transposed
+from tinytf.ops.attention import Attention, masked_softmax_, masked_softmax_grad_
+from tinytf.ops.dropout import DropoutAdd, scaled_keep
+from tinytf.ops.elementwise import GELU, gelu_, gelu_grad_
+from tinytf.ops.embedding import Embedding
+from tinytf.ops.loss import CrossEntropy
+from tinytf.ops.matmul import Linear
+from tinytf.ops.norm import LayerNorm, affine_, normalize_rows_, normalized_grad_
 
 
 class BlockedCrossEntropy(CrossEntropy):

@@ -2,13 +2,13 @@
 reference op it replaces.
 
 On CuPy every elementwise step of a reference op is a kernel launch (about 10 us of CPU
-time) and a full pass over memory; :mod:`tinytf.kernels` does a whole op in one or two
+time) and a full pass over memory; :mod:`tinytf.fast.kernels` does a whole op in one or two
 launches, computing in float32 whatever the storage type (float32, float16, bfloat16),
 and runs every product through cuBLAS with an explicit compute type. Each class below
 takes the kernel path when ``kernels.fused(...)`` says the arrays are the kernels' (CuPy,
 16/32-bit floats, kernels enabled) and otherwise runs its parent's code: on NumPy arrays,
 on float64 (gradient checks) and with ``TINYTF_FUSED=0`` they are the reference ops.
-``FusedLinear`` also takes a compute dtype (mixed precision, :mod:`tinytf.amp`).
+``FusedLinear`` also takes a compute dtype (mixed precision, :mod:`tinytf.fast.amp`).
 
 Each is tested against its reference through the kernel source compiled for the CPU
 (tests/test_kernels.py) and, with a GPU, on the device (docs/gpu.md).
@@ -17,14 +17,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import amp, kernels
-from ..backend import get_array_module
-from ..ops.dropout import Dropout
-from ..ops.elementwise import ReLU
-from ..ops.matmul import MatMul
-from ..ops.softmax import LogSoftmax, Softmax
-from .cpu import (BlockedCrossEntropy, RowParallelAttention, RowParallelDropoutAdd,
-                  RowParallelLayerNorm, RowParallelLinear)
+from tinytf.engine.backend import get_array_module
+from tinytf.fast import amp, kernels
+from tinytf.fast.cpu import (
+    BlockedCrossEntropy,
+    RowParallelAttention,
+    RowParallelDropoutAdd,
+    RowParallelLayerNorm,
+    RowParallelLinear,
+)
+from tinytf.ops.dropout import Dropout
+from tinytf.ops.elementwise import ReLU
+from tinytf.ops.matmul import MatMul
+from tinytf.ops.softmax import LogSoftmax, Softmax
 
 
 class FusedReLU(ReLU):

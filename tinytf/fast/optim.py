@@ -1,16 +1,16 @@
 """Adam as one CUDA kernel (or, on the CPU, in threads): :class:`FusedAdam`, named against
-:class:`tinytf.optim.Adam`."""
+:class:`tinytf.optim.adam.Adam`."""
 from __future__ import annotations
 
 import numpy as np
 
-from .. import kernels
-from ..optim import Adam, adam_update
-from .threads import parallel_rows
+from tinytf.fast import kernels
+from tinytf.fast.threads import parallel_rows
+from tinytf.optim.adam import Adam, adam_update
 
 
 class FusedAdam(Adam):
-    """:class:`~tinytf.optim.Adam` whose update is one kernel launch over the flat buffers
+    """:class:`~tinytf.optim.adam.Adam` whose update is one kernel launch over the flat buffers
     (``kernels.adam_step``: the moments, the bias corrections and the parameter in one
     pass), and whose ``skip`` flag is read by that kernel on the device, not by the host.
     Where the kernels do not run (NumPy arrays, float64) it is :class:`Adam`, with the flat

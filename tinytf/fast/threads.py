@@ -16,7 +16,7 @@ gradients, gradient norms) stay in the caller, over all rows, as in the referenc
 
 Work below ``MIN_ELEMENTS`` (rows x row_size) runs in the caller alone: handing a range to
 another thread costs ~20-50 us. The thread count is the process's
-:func:`tinytf.workers.thread_budget` (``TINYTF_THREADS``, else ``OMP_NUM_THREADS``, else
+:func:`tinytf.utils.workers.thread_budget` (``TINYTF_THREADS``, else ``OMP_NUM_THREADS``, else
 ``OPENBLAS_NUM_THREADS``, else the CPUs it may run on), at most ``MAX_THREADS``. A call made
 from one of the pool's threads runs inline (no nesting), and a forked child starts with a
 fresh pool.
@@ -27,7 +27,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ..workers import thread_budget
+from tinytf.utils.workers import thread_budget
 
 MIN_ELEMENTS = 1 << 18   # rows x row_size below which splitting does not pay
 MAX_THREADS = 8          # row passes are memory-bound: more threads than this gain nothing

@@ -27,7 +27,7 @@ _COPIES: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 @contextlib.contextmanager
 def transposed_weights(model):
     """Inside the block, :func:`transposed` gives a contiguous copy of ``W.T`` for each
-    2-D NumPy parameter ``W`` of ``model`` (a :class:`tinytf.nn.Module`). The parameters
+    2-D NumPy parameter ``W`` of ``model`` (a :class:`tinytf.nn.modules.Module`). The parameters
     must not change inside the block."""
     made = []
     for w in (p.data for p in model.parameters()):

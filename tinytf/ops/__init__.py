@@ -1,4 +1,4 @@
-"""The reference ops: each a small :class:`~tinytf.tensor.Function` subclass, its
+"""The reference ops: each a small :class:`~tinytf.engine.tensor.Function` subclass, its
 mathematics written once against ``xp`` (NumPy or CuPy), forward and backward side by side.
 
 - :mod:`.elementwise` — add, mul, neg, pow, exp, log, sqrt, tanh, relu, gelu, cast
@@ -13,23 +13,46 @@ mathematics written once against ``xp`` (NumPy or CuPy), forward and backward si
 - :mod:`.loss` — label-smoothed cross-entropy
 - :mod:`.attention` — scaled dot-product attention
 
-Importing this package registers every class in the op table (:mod:`tinytf.dispatch`),
-through which ``Tensor``'s operators and :mod:`tinytf.functional` call them; the faster
+Importing this package registers every class in the op table (:mod:`tinytf.engine.dispatch`),
+through which ``Tensor``'s operators and :mod:`tinytf.nn.functional` call them; the faster
 variants in :mod:`tinytf.fast` replace some entries. Composite ops (sub, div, mean) are
-built from these in :mod:`tinytf.tensor`.
+built from these in :mod:`tinytf.engine.tensor`.
 """
-from ..dispatch import impl
-from .attention import Attention
-from .dropout import Dropout, DropoutAdd
-from .elementwise import Add, Cast, Exp, GELU, Log, Mul, Neg, Pow, ReLU, Sqrt, Tanh, sum_to
-from .embedding import Embedding
-from .loss import CrossEntropy
-from .matmul import Linear, MatMul
-from .norm import LayerNorm
-from .reduce import Max, Sum
-from .shape import (Concatenate, GetItem, MaskedFill, MergeHeads, Reshape, Split, SplitHeads,
-                    Stack, Transpose, Where)
-from .softmax import LogSoftmax, Softmax
+from tinytf.engine.dispatch import impl
+from tinytf.ops.attention import Attention
+from tinytf.ops.dropout import Dropout, DropoutAdd
+from tinytf.ops.elementwise import (
+    GELU,
+    Add,
+    Cast,
+    Exp,
+    Log,
+    Mul,
+    Neg,
+    Pow,
+    ReLU,
+    Sqrt,
+    Tanh,
+    sum_to,
+)
+from tinytf.ops.embedding import Embedding
+from tinytf.ops.loss import CrossEntropy
+from tinytf.ops.matmul import Linear, MatMul
+from tinytf.ops.norm import LayerNorm
+from tinytf.ops.reduce import Max, Sum
+from tinytf.ops.shape import (
+    Concatenate,
+    GetItem,
+    MaskedFill,
+    MergeHeads,
+    Reshape,
+    Split,
+    SplitHeads,
+    Stack,
+    Transpose,
+    Where,
+)
+from tinytf.ops.softmax import LogSoftmax, Softmax
 
 __all__ = [
     "Add", "Cast", "Exp", "GELU", "Log", "Mul", "Neg", "Pow", "ReLU", "Sqrt", "Tanh", "sum_to",

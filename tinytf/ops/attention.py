@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import math
 
-from .. import backend
-from ..backend import get_array_module
-from ..tensor import Function
-from .dropout import keep_mask
+from tinytf.engine import backend
+from tinytf.engine.backend import get_array_module
+from tinytf.engine.tensor import Function
+from tinytf.ops.dropout import keep_mask
 
 
 def attention_weights(q, k, mask=None, scale: float = 1.0):

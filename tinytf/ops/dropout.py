@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import backend
-from ..backend import get_array_module
-from ..tensor import Function
+from tinytf.engine import backend
+from tinytf.engine.backend import get_array_module
+from tinytf.engine.tensor import Function
 
 
 def keep_mask(xp, shape, p: float, dtype):

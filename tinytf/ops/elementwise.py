@@ -1,8 +1,8 @@
 """Elementwise ops. Binary ops broadcast; their backward un-broadcasts with :func:`sum_to`."""
 from __future__ import annotations
 
-from ..backend import get_array_module
-from ..tensor import Function
+from tinytf.engine.backend import get_array_module
+from tinytf.engine.tensor import Function
 
 
 def sum_to(grad, shape):

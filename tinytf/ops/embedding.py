@@ -1,8 +1,8 @@
 """Embedding lookup: rows of a table picked by integer ids."""
 from __future__ import annotations
 
-from ..backend import get_array_module, scatter_add
-from ..tensor import Function
+from tinytf.engine.backend import get_array_module, scatter_add
+from tinytf.engine.tensor import Function
 
 
 class Embedding(Function):

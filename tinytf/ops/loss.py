@@ -1,8 +1,8 @@
 """Label-smoothed cross-entropy (Szegedy et al. 2016; the paper's section 5.4)."""
 from __future__ import annotations
 
-from ..backend import get_array_module
-from ..tensor import Function
+from tinytf.engine.backend import get_array_module
+from tinytf.engine.tensor import Function
 
 
 class CrossEntropy(Function):

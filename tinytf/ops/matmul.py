@@ -1,9 +1,9 @@
 """Matrix products: general (batched, broadcast) matmul and the linear layer as one GEMM."""
 from __future__ import annotations
 
-from ..backend import get_array_module
-from ..tensor import Function
-from .elementwise import relu_grad, sum_to
+from tinytf.engine.backend import get_array_module
+from tinytf.engine.tensor import Function
+from tinytf.ops.elementwise import relu_grad, sum_to
 
 
 class MatMul(Function):

@@ -1,8 +1,8 @@
 """Layer normalisation (Ba et al. 2016) over the last axis, with its closed-form backward."""
 from __future__ import annotations
 
-from ..backend import get_array_module
-from ..tensor import Function
+from tinytf.engine.backend import get_array_module
+from tinytf.engine.tensor import Function
 
 
 class LayerNorm(Function):

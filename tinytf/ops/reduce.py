@@ -1,8 +1,8 @@
 """Reductions: sum and max over axes, with keepdims."""
 from __future__ import annotations
 
-from ..backend import get_array_module
-from ..tensor import Function
+from tinytf.engine.backend import get_array_module
+from tinytf.engine.tensor import Function
 
 
 def _normalize_axes(axis, ndim):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import get_array_module, scatter_add
-from ..tensor import Function, Tensor
-from .elementwise import sum_to
+from tinytf.engine.backend import get_array_module, scatter_add
+from tinytf.engine.tensor import Function, Tensor
+from tinytf.ops.elementwise import sum_to
 
 
 class Reshape(Function):

@@ -1,8 +1,8 @@
 """Softmax and log-softmax along one axis, with their closed-form backward passes."""
 from __future__ import annotations
 
-from ..backend import get_array_module
-from ..tensor import Function
+from tinytf.engine.backend import get_array_module
+from tinytf.engine.tensor import Function
 
 
 def softmax(x, axis=-1):

@@ -1,8 +1,8 @@
-"""Text processing: the byte-pair-encoding subword vocabulary (see `tinytf.bpe`).
+"""Text processing: the byte-pair-encoding subword vocabulary (see `tinytf.text`).
 
 Modules: `pretokenize` (cutting text into words and symbols), `learn` (counting words and the
 incremental merge loop), `bpe` (the `BPE` model: encode, decode), `bpe_file` (JSON save/load),
-`cli` (``python -m tinytf.bpe``).
+`cli` (``python -m tinytf.commands.bpe``).
 """
 from tinytf.text.bpe import BOS_ID, BPE, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 from tinytf.text.bpe_file import BPEFileError

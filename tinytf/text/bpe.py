@@ -12,9 +12,16 @@ then                  one new piece per merge, in the order the merges were lear
 Encoding never produces a special token; ``<unk>`` is reserved (byte fallback leaves nothing
 unknown) and ``<s>``/``</s>``/``<pad>`` are for the model's batches. See docs/bpe.md.
 """
-from tinytf.text.encode import Encoder
-from tinytf.text.ids import (BOS_ID, BYTE_OFFSET, EOS_ID, FIRST_SYMBOL_ID,  # noqa: F401
-                             PAD_ID, SPECIAL_TOKENS, UNK_ID)
+from tinytf.text.encode import PieceEncoder
+from tinytf.text.ids import (  # noqa: F401
+    BOS_ID,
+    BYTE_OFFSET,
+    EOS_ID,
+    FIRST_SYMBOL_ID,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    UNK_ID,
+)
 from tinytf.text.learn import MAX_SYMBOLS, learn_bpe
 from tinytf.text.pretokenize import byte_piece, can_be_piece, show, unshow
 
@@ -62,7 +69,7 @@ class BPE:
             unshow(p).encode("utf-8") for p in pieces[FIRST_SYMBOL_ID:]]
         # raw text of an alphabet symbol -> its id, e.g. " t" -> id of "▁t"
         unit_ids = {unshow(s): piece_ids[s] for s in self.alphabet}
-        self._encoder = Encoder(unit_ids, self._spell, ranks, merged, cache_size)
+        self._encoder = PieceEncoder(unit_ids, self._spell, ranks, merged, cache_size)
 
     @classmethod
     def learn(cls, inputs, vocab_size=8000, min_frequency=2, workers=1, progress=None):

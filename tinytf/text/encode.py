@@ -6,11 +6,11 @@ a merge. That is the same as applying every merge in learning order.
 
 Text is encoded through caches, because a corpus repeats its words (Zipf):
 
-* `Encoder.chunks`: the text between two single spaces -> ids. In a line with no whitespace but
+* `PieceEncoder.chunks`: the text between two single spaces -> ids. In a line with no whitespace but
   single spaces between non-spaces (nearly every line), each space starts the word after it,
   so the pre-tokens of the line are those of its chunks: ``line.split(" ")`` and one dict
   lookup per chunk, all in C, encode the whole line.
-* `Encoder.words`: pre-token -> ids, for the other lines (tabs, runs of spaces, ...).
+* `PieceEncoder.words`: pre-token -> ids, for the other lines (tabs, runs of spaces, ...).
 """
 import gc
 from functools import partial
@@ -21,7 +21,6 @@ import numpy as np
 
 from tinytf.text.encode_array import NO_MERGE, PairRanks, Speller, merge_words
 from tinytf.text.pretokenize import PRETOKEN, initial_units, one_word, single_spaced
-
 
 MISSING = (-1,)  # what a deferring cache returns for a key it lacks; no id is -1
 
@@ -116,7 +115,7 @@ def chunk_words(chunk):
     return [" " + chunk] if one_word(chunk) else PRETOKEN.findall(" " + chunk)
 
 
-class Encoder:
+class PieceEncoder:
     """Text -> ids with a model's tables: `encode_word` plus the word and chunk caches.
 
     `encode_batch` first encodes the chunks that a block of lines misses in the cache at once

@@ -19,9 +19,15 @@ import numpy as np
 
 from tinytf.text.learn_array import learn_merges_array
 from tinytf.text.merges import MAX_SYMBOLS, learn_merges  # noqa: F401 (re-exported)
-from tinytf.text.pretokenize import (LINE_START, PRETOKEN, can_be_piece, one_word, show,
-                                     single_spaced)
-from tinytf.workers import ordered_map
+from tinytf.text.pretokenize import (
+    LINE_START,
+    PRETOKEN,
+    can_be_piece,
+    one_word,
+    show,
+    single_spaced,
+)
+from tinytf.utils.workers import ordered_map
 
 
 class TextError(ValueError):

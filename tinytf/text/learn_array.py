@@ -41,7 +41,6 @@ import numpy as np
 
 from tinytf.text.merges import MASK, SHIFT, add_piece, best_pair
 
-
 DEAD = 0  # the number of every pair made too rarely to be merged (its count is never read)
 
 

@@ -1,0 +1,324 @@
+"""What a training run is asked to do: :class:`TrainConfig`, its per-preset defaults, the
+``--set`` overrides, and :class:`TrainError` for problems the user can fix.
+
+``train.py`` builds a :class:`TrainConfig` from its flags; :meth:`TrainConfig.resolved`
+fills what was left unset from the preset's defaults (``PRESET_DEFAULTS``: the ``tiny``
+recipe of docs/training.md, the paper's for the others) and checks the combination.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from tinytf.fast import amp
+from tinytf.models.transformer import TransformerConfig
+from tinytf.optim.schedule import LINEAR_WARMUP_CAP, SCHEDULES, Schedule
+from tinytf.training.recipes.presets import PRESET_DEFAULTS
+
+BPE_FILE = "bpe.json"
+CORPUS_DIR = "corpus"   # RUNDIR/corpus: the encoded training pairs (tinytf.data.corpus_file)
+
+
+OPTIMIZERS = ("adam", "radam")
+"""--optimizer: Adam(0.9, 0.98, 1e-9), the paper's; or the same with RAdam's rectifier
+(``tinytf.optim.adam.Adam(rectify=True)``)."""
+
+
+class TrainError(RuntimeError):
+    """A problem the user can fix (bad option, run directory, resume mismatch, divergence);
+    train.py prints the message without a traceback."""
+
+
+# --------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Every option of a training run; stored in full in each checkpoint.
+
+    Options left at None are filled in by :meth:`resolved` from ``PRESET_DEFAULTS`` (the
+    ``tiny`` preset gets settings that learn something in 10 minutes on 2 CPU cores; the
+    others get the paper's). ``model_overrides`` holds ``--set`` keys of
+    :class:`TransformerConfig`.
+    """
+
+    data: str = "data/ende"
+    src: str = "en"
+    tgt: str = "de"
+    out: str | None = None            # default: runs/<data dir name>-<config>
+    config: str = "tiny"              # preset of TransformerConfig
+    model_overrides: dict = dataclasses.field(default_factory=dict)
+    max_tokens: int | None = None     # padded tokens per batch and side, per rank
+    min_updates: int | None = None    # with --max-minutes: halve the batch until it fits (0: off)
+    fitted_from: int | None = None    # the --max-tokens that max_tokens was fitted from
+    update_freq: int = 1              # batches accumulated per update
+    max_steps: int | None = None      # stop after this many updates (0/None: no limit)
+    max_minutes: float | None = None  # stop after this wall time (0/None: no limit)
+    lr_schedule: str | None = None    # noam | inverse_sqrt | linear (tinytf.optim.schedule)
+    lr: float | None = None           # peak learning rate (inverse_sqrt, linear)
+    warmup: int | None = None
+    lr_factor: float | None = None    # factor of the paper's schedule (noam)
+    optimizer: str | None = None      # adam | radam (Adam with RAdam's rectifier: optim.adam)
+    vocab_size: int | None = None     # joint BPE pieces (specials and 256 bytes included)
+    seed: int = 1
+    resume: bool = False
+    device: str = "cpu"
+    precision: str = "float32"        # float32 | tf32 | bf16 | fp16 (tinytf.fast.amp)
+    cuda_graph: bool = False          # replay steps as CUDA graphs (GPU; cuda_graph.StepGraphs)
+    log_interval: int = 10
+    save_interval: int | None = None  # steps between checkpoints
+    valid_interval: int | None = None  # steps between validations (default: save_interval)
+    keep_last: int = 5
+    clip_norm: float = 0.0            # 0: no clipping (the paper clips nothing)
+    train_max_len: int = 128          # pairs with a longer side (tokens + </s>) are skipped
+    valid_bleu_sentences: int = 200   # periodic dev BLEU on the first N dev pairs (0: all)
+    test_bleu: bool = True            # decode test.SRC at the end if it exists
+    test_beam: int = 4                # beam size of the final test decoding (1: greedy only)
+    valid_samples: int = 3            # sample translations logged at every validation
+    max_bad_steps: int = 5            # stop after this many non-finite steps in a row
+    dropout_from_epoch: int | None = None  # the model's dropout acts from this epoch on (1: all)
+    full_dropout_epochs: int | None = None  # a budget of this many epochs or more drops ...
+    long_dropout_from_epoch: int | None = None  # ... from this epoch on (tiny 3, others 1)
+    dropout_per_epoch: float | None = None  # ... raising P_drop this much per epoch (tiny 0.02) ...
+    dropout_rises_after: int | None = None  # ... of the budget's past this many (tiny 10)
+    max_epochs: int | None = None     # stop after this many passes over the training data
+    patience: int = 0                 # stop after N validations without a better best_metric
+    best_metric: str = "loss"         # checkpoint_best.npz and patience: dev "loss" or "bleu"
+    init_from: str | None = None      # a new run starts from this run's / checkpoint's weights
+    workers: int | None = None        # processes that learn the BPE / encode the text (None: CPUs)
+
+    PRESET_DEFAULTS = PRESET_DEFAULTS   # per preset, the options it fills in (recipes/presets.py)
+
+    def resolved(self) -> "TrainConfig":
+        """A copy with every None default filled in (preset-dependent) and checked."""
+        defaults = self.preset_defaults()
+        cfg = dataclasses.replace(self, model_overrides=dict(self.model_overrides))
+        cfg._resolve_schedule(defaults)
+        if cfg.min_updates is None:     # --max-tokens is the largest batch the fit may keep
+            cfg.min_updates = defaults["min_updates"]
+        if cfg.dropout_from_epoch is not None and cfg.full_dropout_epochs is None:
+            cfg.full_dropout_epochs = 0     # the user's dropout_from_epoch, whatever the budget
+        for key, value in defaults.items():
+            if getattr(cfg, key) is None and key not in ("lr", "lr_factor"):
+                setattr(cfg, key, value)
+        if cfg.out is None:
+            cfg.out = os.path.join("runs", f"{os.path.basename(os.path.normpath(cfg.data))}-"
+                                           f"{cfg.config}")
+        if cfg.valid_interval is None:
+            cfg.valid_interval = cfg.save_interval
+        if not cfg.max_steps and not cfg.max_minutes and not cfg.max_epochs:
+            cfg.max_minutes = 10.0  # never run unbounded by accident; documented in --help
+        cfg.check()
+        return cfg
+
+    def preset_defaults(self) -> dict:
+        """The training defaults of this run's preset."""
+        return self.PRESET_DEFAULTS.get(self.config, self.PRESET_DEFAULTS["default"])
+
+    def _resolve_schedule(self, defaults: dict) -> None:
+        """Choose the schedule from what the user set: ``--lr-factor`` alone asks for the
+        paper's schedule (noam), ``--lr`` alone for a schedule with that peak (the preset's
+        own, or inverse_sqrt where the preset's is noam); otherwise the preset's."""
+        if self.lr_schedule is None:
+            if self.lr_factor is not None and self.lr is not None:
+                raise TrainError("--lr (a peak) and --lr-factor (the factor of the paper's "
+                                 "schedule) exclude each other; pass --lr-schedule too to say "
+                                 "which schedule is meant")
+            if self.lr_factor is not None:
+                self.lr_schedule = "noam"
+            elif self.lr is not None and defaults["lr_schedule"] == "noam":
+                self.lr_schedule = "inverse_sqrt"
+            else:
+                self.lr_schedule = defaults["lr_schedule"]
+        if self.lr_schedule not in SCHEDULES:
+            raise TrainError(f"--lr-schedule {self.lr_schedule!r}: choose from "
+                             f"{', '.join(SCHEDULES)}")
+        if self.lr_schedule == "noam":
+            if self.lr is not None:
+                raise TrainError("--lr sets the peak of inverse_sqrt or linear; the paper's "
+                                 "schedule (noam) takes --lr-factor")
+            if self.lr_factor is None:
+                self.lr_factor = defaults.get("lr_factor", 1.0)
+        else:
+            if self.lr_factor is not None:
+                raise TrainError(f"--lr-factor is the factor of the paper's schedule (noam); "
+                                 f"--lr-schedule {self.lr_schedule} takes its peak as --lr")
+            if self.lr is None:
+                self.lr = defaults["lr"] if "lr" in defaults else self.tuned_peak()
+
+    def _model_value(self, key: str):
+        """The model key's value: --set's, else the preset's, else TransformerConfig's."""
+        return {**TransformerConfig.PRESETS.get(self.config, {}),
+                **self.model_overrides}.get(key, getattr(TransformerConfig, key))
+
+    def tuned_peak(self) -> float:
+        """The peak learning rate that this preset's defaults give (what it was tuned for)."""
+        d = self.preset_defaults()
+        if d["lr_schedule"] == "noam":
+            return d["lr_factor"] * (self._model_value("d_model") * d["warmup"]) ** -0.5
+        return d["lr"]
+
+    def schedule(self) -> Schedule:
+        """The :class:`tinytf.optim.schedule.Schedule` of this (resolved) config."""
+        if self.lr_schedule == "noam":
+            return Schedule("noam", self.warmup, factor=self.lr_factor,
+                            d_model=self._model_value("d_model"))
+        return Schedule(self.lr_schedule, self.warmup, peak=self.lr)
+
+    def schedule_warning(self) -> str | None:
+        """A warning when the peak is far (over 3x) from what the preset was tuned for."""
+        peak, tuned = self.schedule().peak_lr, self.tuned_peak()
+        if tuned / 3 <= peak <= tuned * 3:
+            return None
+        how = (" (the paper's schedule ties its peak to --warmup and d_model; --lr "
+               "sets a peak directly)" if self.lr_schedule == "noam" else "")
+        return (f"warning: peak learning rate {peak:.2e} is {peak / tuned:.2g}x the "
+                f"{tuned:.2e} that the {self.config} preset was tuned for{how}")
+
+    SHORT_WARMUP = 0.15   # linear: a warm-up ending before this share of the budget is short
+
+    def warmup_warning(self, expected_updates: int | None) -> str | None:
+        """A warning when the ``linear`` schedule's warm-up, set shorter than the preset's,
+        ends before `SHORT_WARMUP` of the budget's `expected_updates` (None: no budget
+        known): the peak was tuned with the warm-up at its cap, 30 % of the budget, and at
+        the main job's budget `--warmup 100` (5 %) reached 0.76-0.90x of the default
+        warm-up's beam 4 BLEU with QK-norm (0.90x with the preset's dropout from epoch 3)
+        and 0.62-0.77x without, as two-seed means (docs/experiments/2026-12-tiny-recipe.md,
+        "QK-norm" and "Late dropout"). The preset's own warm-up (4,000 updates) never warns,
+        however long the budget; nor does RAdam (``--optimizer radam``, the tiny preset's),
+        whose rectifier damps the early updates by itself: with it `--warmup 100` reached
+        0.90x of the default warm-up's mean beam 4 in the 10-minute grid and 0.98x in step
+        budgets, three seeds each (docs/training.md, "RAdam")."""
+        if (self.lr_schedule != "linear" or not expected_updates or self.optimizer == "radam"
+                or self.warmup >= self.preset_defaults()["warmup"]):
+            return None
+        if self.warmup >= self.SHORT_WARMUP * expected_updates:
+            return None     # (a warm-up at its cap, 30 % of the budget, is never short)
+        qk = "" if self._model_value("qk_norm") else "--set qk_norm=true, "
+        return (f"warning: the warm-up ends after {self.warmup} of the budget's about "
+                f"{expected_updates} updates ({self.warmup / expected_updates:.0%}); the peak "
+                f"{self.lr:.2e} was tuned with the warm-up at {LINEAR_WARMUP_CAP:.0%} of the "
+                f"budget, and a warm-up this short learns less "
+                f"(docs/experiments/2026-12-tiny-recipe.md, \"QK-norm\"): "
+                f"{qk}--optimizer radam, a longer --warmup, or a lower --lr with it, learns "
+                f"more")
+
+    def check(self) -> None:
+        """Raise TrainError for values that cannot work."""
+        if self.config not in TransformerConfig.PRESETS:
+            raise TrainError(f"--config {self.config!r}: choose from "
+                             f"{sorted(TransformerConfig.PRESETS)}")
+        if self.device not in ("cpu", "gpu"):
+            raise TrainError(f"--device {self.device!r}: choose cpu or gpu")
+        if self.optimizer not in OPTIMIZERS:
+            raise TrainError(f"--optimizer {self.optimizer!r}: choose from "
+                             f"{', '.join(OPTIMIZERS)}")
+        if self.precision not in amp.PRECISIONS:
+            raise TrainError(f"--precision {self.precision!r}: choose from "
+                             f"{', '.join(amp.PRECISIONS)}")
+        if self.cuda_graph and self.device != "gpu":
+            raise TrainError("--cuda-graph replays steps as CUDA graphs: it needs --device gpu")
+        positive = ("max_tokens", "update_freq", "warmup", "vocab_size", "log_interval",
+                    "save_interval", "valid_interval", "train_max_len", "max_bad_steps",
+                    "workers", "dropout_from_epoch", "long_dropout_from_epoch")
+        for key in positive:
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise TrainError(f"{option_of(key)} must be at least 1, got "
+                                 f"{getattr(self, key)}")
+        for key in ("lr_factor", "lr"):
+            if getattr(self, key) is not None and not getattr(self, key) > 0:
+                raise TrainError(f"{option_of(key)} must be positive, got {getattr(self, key)}")
+        if self.best_metric not in ("loss", "bleu"):
+            raise TrainError(f"--best-metric {self.best_metric!r}: choose loss or bleu")
+        for key in ("max_steps", "max_minutes", "min_updates", "clip_norm", "keep_last",
+                    "max_epochs", "full_dropout_epochs", "dropout_per_epoch",
+                    "dropout_rises_after", "patience", "valid_bleu_sentences", "valid_samples",
+                    "test_beam"):
+            if getattr(self, key) is not None and getattr(self, key) < 0:
+                raise TrainError(f"{option_of(key)} must not be negative, got "
+                                 f"{getattr(self, key)}")
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable dict of every field."""
+        return dataclasses.asdict(self)
+
+
+FLAGS = frozenset((
+    "data", "src", "tgt", "out", "config", "max_tokens", "min_updates", "update_freq",
+    "max_steps", "max_minutes", "lr_schedule", "lr", "warmup", "lr_factor", "optimizer",
+    "vocab_size", "seed", "resume", "device", "precision", "cuda_graph", "log_interval",
+    "save_interval", "valid_interval", "keep_last", "clip_norm", "max_epochs", "patience",
+    "best_metric", "valid_samples", "init_from", "workers"))
+"""The options that ``train.py`` has a flag for (``--max-tokens``), each parsed into the
+field of its name; the rest are set with ``--set key=value``."""
+
+
+def option_of(key: str) -> str:
+    """How a user sets option ``key`` on the command line, for messages: its flag
+    (``--max-tokens``), or ``--set train_max_len``."""
+    return "--" + key.replace("_", "-") if key in FLAGS else f"--set {key}"
+
+
+def _parse_value(text: str, current, key: str):
+    """Parse ``--set`` text to the type of the field's current value."""
+    if isinstance(current, bool):
+        low = text.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise TrainError(f"--set {key}={text}: expected true or false")
+    try:
+        if isinstance(current, int):
+            return int(text)
+        if isinstance(current, float):
+            return float(text)
+    except ValueError:
+        kind = "an integer" if isinstance(current, int) else "a number"
+        raise TrainError(f"--set {key}={text}: expected {kind}") from None
+    return text
+
+
+def apply_overrides(cfg: TrainConfig, assignments) -> TrainConfig:
+    """Apply ``--set key=value`` assignments: model keys (TransformerConfig fields) go to
+    ``cfg.model_overrides``, other TrainConfig fields are set directly; an unknown key is an
+    error listing the known ones (a typo must never be silently ignored)."""
+    model_fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"model_overrides"}
+    base_model = TransformerConfig()
+    cfg = dataclasses.replace(cfg, model_overrides=dict(cfg.model_overrides))
+    for item in assignments:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise TrainError(f"--set {item!r}: expected key=value")
+        if key in model_fields:
+            cfg.model_overrides[key] = _parse_value(text, getattr(base_model, key), key)
+        elif key in train_fields:
+            current = getattr(cfg, key)
+            if current is None:  # an unresolved default: take the type from the preset value
+                current = TrainConfig.PRESET_DEFAULTS["default"].get(key, 0.0 if key in (
+                    "max_minutes", "lr") else 0)
+            setattr(cfg, key, _parse_value(text, current, key))
+        else:
+            raise TrainError(f"--set {key}: unknown key; model keys are "
+                             f"{sorted(model_fields)}, training keys are {sorted(train_fields)}")
+    return cfg
+
+
+def model_config_for(cfg: TrainConfig, vocab_size: int) -> TransformerConfig:
+    """The preset with ``--set`` overrides, sized to the BPE vocabulary (and long enough for
+    the longest training pair)."""
+    overrides = {"vocab_size": vocab_size, **cfg.model_overrides}
+    try:
+        model_cfg = TransformerConfig.preset(cfg.config, **overrides)
+    except (ValueError, TypeError) as e:
+        raise TrainError(str(e)) from None
+    if model_cfg.vocab_size < vocab_size:
+        raise TrainError(f"--set vocab_size={model_cfg.vocab_size} is smaller than the BPE "
+                         f"model's {vocab_size} pieces")
+    if model_cfg.max_len < cfg.train_max_len:
+        raise TrainError(f"model max_len={model_cfg.max_len} is shorter than "
+                         f"train_max_len={cfg.train_max_len}")
+    return model_cfg
