@@ -4,9 +4,9 @@
 # 1. environment: GPU, driver, CuPy (and whether it has bfloat16), PyTorch; wheels carried
 #    in .whl/ are installed first (the GPU machine has no network);
 # 2. the GPU tests: every fused kernel and every op forward and backward against NumPy,
-#    cuBLAS products in float32/tf32/bf16/fp16 (tests/test_kernels.py, tests/test_amp.py),
+#    cuBLAS products in float32/tf32/bf16/fp16 (tests/fast/test_kernels.py, tests/fast/test_amp.py),
 #    the whole Transformer's loss and gradients against the CPU, mixed precision against
-#    float32, incremental and beam decoding against the CPU (tests/test_gpu.py);
+#    float32, incremental and beam decoding against the CPU (tests/fast/test_gpu.py);
 # 3. bench/gpu_train.py: training tokens/s and MFU of `base` at 25k-token batches in
 #    float32, tf32 and bf16, and bf16 with the step replayed as a CUDA graph (its
 #    gradients checked against the ordinary step's), the GPU time of one attention call
@@ -68,10 +68,10 @@ PY
 
 stage "GPU tests (kernels, mixed precision, the whole model)"
 timeout $(limit 170) $PY -m pytest -q -rs -p no:cacheprovider --durations=8 -k "not captured" \
-    tests/test_kernels.py tests/test_amp.py tests/test_gpu.py 2>&1 | tee "$OUT/tests_gpu.log"
+    tests/fast/test_kernels.py tests/fast/test_amp.py tests/fast/test_gpu.py 2>&1 | tee "$OUT/tests_gpu.log"
 echo "exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/tests_gpu.log"
 # CUDA-graph capture on its own: a capture that hangs must not take the other results along.
-timeout $(limit 60) $PY -m pytest -q -rs -p no:cacheprovider -k "captured" tests/test_gpu.py 2>&1 \
+timeout $(limit 60) $PY -m pytest -q -rs -p no:cacheprovider -k "captured" tests/fast/test_gpu.py 2>&1 \
     | tee "$OUT/tests_graph.log"
 echo "exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/tests_graph.log"
 

@@ -1,4 +1,4 @@
-"""Shared by the MPI scripts and tests/test_distributed.py: tiny models, batches, steps.
+"""Shared by the MPI scripts and tests/distributed/test_distributed.py: tiny models, batches, steps.
 
 The same ``train`` function runs under ``mpirun`` (each rank on its rows of every global
 batch) and in the test process (one SingleCommunicator on all rows), so the comparison is

@@ -9,7 +9,7 @@ that scores the next token of N prefixes and advances ``state`` by one position,
     state = state.select(rows)             # keep / repeat / reorder the N prefixes
 
 (``Transformer.decode_step`` and ``DecoderState.select`` are such a pair; so is the small Markov
-scorer in ``tests/test_search.py``). Every sentence owns ``beam_size`` consecutive rows of the
+scorer in ``tests/decoding/test_search.py``). Every sentence owns ``beam_size`` consecutive rows of the
 state (one at step 0, the empty prefix); all sentences advance together, so one model call per
 step serves the whole batch.
 

@@ -35,7 +35,7 @@ reference op       runs instead         what is faster
 The CPU's "in threads" is :mod:`tinytf.fast.threads` (``TINYTF_THREADS``), bitwise equal
 to one thread; ``FusedAdam`` updates the CPU's flat buffers the same way.
 ``TINYTF_FAST=0`` in the environment, or :func:`set_enabled` (False), runs the reference
-ops everywhere; ``tests/test_fast.py`` proves a whole Transformer step equal either way.
+ops everywhere; ``tests/fast/test_fast.py`` proves a whole Transformer step equal either way.
 The other fast paths, outside the op table: :mod:`tinytf.fast.kernels` (the CUDA source and its
 wrappers), :mod:`tinytf.fast.amp` (mixed precision), :mod:`tinytf.fast.cuda_graph` (step replay),
 the flat-buffer Adam in :mod:`tinytf.optim.adam`, and :mod:`tinytf.fast.memory` (glibc keeps

@@ -13,7 +13,7 @@
   (:mod:`tinytf.fast.threads`); ``BlockedCrossEntropy`` hands its blocks out the same way.
 
 The first two agree with their reference to float32 rounding, the row-parallel ones bitwise
-(tests/test_fast.py, tests/test_threads.py).
+(tests/fast/test_fast.py, tests/fast/test_threads.py).
 """
 from __future__ import annotations
 

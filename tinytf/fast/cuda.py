@@ -11,7 +11,7 @@ on float64 (gradient checks) and with ``TINYTF_FUSED=0`` they are the reference 
 ``FusedLinear`` also takes a compute dtype (mixed precision, :mod:`tinytf.fast.amp`).
 
 Each is tested against its reference through the kernel source compiled for the CPU
-(tests/test_kernels.py) and, with a GPU, on the device (docs/gpu.md).
+(tests/fast/test_kernels.py) and, with a GPU, on the device (docs/gpu.md).
 """
 from __future__ import annotations
 

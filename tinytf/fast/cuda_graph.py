@@ -39,7 +39,7 @@ Usage (see ``bench/gpu_train.py --graph``)::
 Batches of changing shape (``train.py --cuda-graph``): :class:`StepGraphs` pads each batch
 to one of a few bucket shapes and keeps one graph per shape, all in one memory pool.
 
-Only on CuPy; verified on a GPU by ``bench/gpu_train.py --graph`` and ``tests/test_gpu.py``
+Only on CuPy; verified on a GPU by ``bench/gpu_train.py --graph`` and ``tests/fast/test_gpu.py``
 (docs/gpu.md says which runs have been made). :class:`EagerReplay` stands in for a graph in
 the CPU tests.
 """

@@ -11,7 +11,7 @@ calls ``fn(lo, hi)`` once for each of ``threads()`` contiguous ranges of rows th
 cover ``0 .. n_rows`` (the calling thread takes the last range) and returns when every call
 has. ``fn`` writes its rows of preallocated outputs. Each row's arithmetic is the one NumPy
 does for it in a single call over all rows, so the results are **bitwise identical for any
-number of threads** (tests/test_fast.py); sums *across* rows (bias and layer-norm parameter
+number of threads** (tests/fast/test_fast.py); sums *across* rows (bias and layer-norm parameter
 gradients, gradient norms) stay in the caller, over all rows, as in the reference ops.
 
 Work below ``MIN_ELEMENTS`` (rows x row_size) runs in the caller alone: handing a range to

@@ -270,7 +270,7 @@ class Adam:
     :class:`FlatParameters` buffers, built at the first step, and updates them all with one
     :func:`adam_update` call: the same arithmetic on the same numbers, in a few passes over
     four arrays instead of a dozen operations per parameter. ``flat=False`` is the
-    per-parameter loop; tests/test_optim.py proves the two equal.
+    per-parameter loop; tests/optim/test_optim.py proves the two equal.
     ``tinytf.fast.FusedAdam`` runs the update as one CUDA kernel.
     """
 

@@ -13,8 +13,8 @@ device (``Trainer.launch_step``), so nothing waits for that decision either.
 With ``--cuda-graph`` the forward and backward of each update are replayed as one CUDA
 graph per padded batch shape (:class:`tinytf.fast.cuda_graph.StepGraphs`, docs/gpu.md).
 
-Results equal the plain loop's bitwise (tests/test_train.py, with the graphs replaced by
-eager calls in tests/test_cuda_graph.py).
+Results equal the plain loop's bitwise (tests/training/test_trainer.py, with the graphs replaced by
+eager calls in tests/fast/test_cuda_graph.py).
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ first operand is ``b`` and its second is ``a``. A transposed view (``w.T``,
 leading dimension describes (a slice of heads, say) are copied first.
 
 :func:`plan` does all of that on shapes and strides alone, so tests check it on the CPU
-against NumPy (tests/test_kernels.py) without a GPU.
+against NumPy (tests/fast/test_kernels.py) without a GPU.
 """
 from __future__ import annotations
 

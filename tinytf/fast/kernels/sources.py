@@ -21,7 +21,7 @@ Design, for a reader coming from the reference ops in :mod:`tinytf.ops`:
   so that tests can build this very source with g++ and run it on the CPU
   (:mod:`tinytf.fast.kernels.host`); nothing else differs.
 - Each kernel follows the float32 formula of the NumPy op it replaces, in the same order,
-  so the two agree to float32 rounding (tests/test_kernels.py checks it on a GPU).
+  so the two agree to float32 rounding (tests/fast/test_kernels.py checks it on a GPU).
 """
 
 ROWS_PER_BLOCK = 8          # warps (rows) per block of 256 threads in the row-wise kernels

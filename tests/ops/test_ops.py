@@ -5,7 +5,7 @@ Hypothesis draws the shapes (0-d, size-1 broadcast dimensions), the memory layou
 input (contiguous, transposed view, strided view) and a seed for the values; values are kept
 away from kinks (relu at 0, ties in max, log/sqrt/pow of non-positive numbers).
 The functional ops (layer_norm, dropout, embedding, cross_entropy, linear, attention) are
-tested the same way in tests/test_functional.py.
+tested the same way in tests/nn/test_functional.py.
 """
 import numpy as np
 import pytest

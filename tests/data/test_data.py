@@ -16,7 +16,7 @@ from tinytf.data.batches import (
 )
 from tinytf.text import BOS_ID, EOS_ID, PAD_ID
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "data", "ende")
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "data", "ende")
 
 
 class WordTokenizer:
@@ -342,7 +342,7 @@ def test_shipped_corpus_batches():
 
 def load_corpus_script():
     import importlib.util
-    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "make_ende_corpus.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "make_ende_corpus.py")
     spec = importlib.util.spec_from_file_location("make_ende_corpus", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

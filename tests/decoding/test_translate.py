@@ -23,8 +23,8 @@ import pytest
 import tinytf
 from tinytf.decoding.search import beam_search, greedy_search
 from tinytf.decoding.translation import (
-    PrefixState,
     DecodeProgress,
+    PrefixState,
     SearchOptions,
     TranslationError,
     Translator,
@@ -40,7 +40,7 @@ from tinytf.text import BPE, EOS_ID
 from tinytf.utils import checkpoint
 from tinytf.utils.workers import blas_threads, set_blas_threads, thread_budget
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 DATA = ROOT / "data" / "ende"
 MAX_LEN = 128  # model positions: a source of more than 127 tokens is truncated
 OPTIONS = SearchOptions(beam_size=4, alpha=0.6, max_len_a=0.25, max_len_b=4)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PARENT = f"""
 import os, sys, time
@@ -232,10 +232,10 @@ def test_a_killed_worker_is_one_line_and_exit_1_in_each_command(
     that says so, exit 1, no traceback."""
     import io
 
+    from tinytf.commands import bpe as cli
     from tinytf.commands import prepare as prepare_command
     from tinytf.commands import train as train_command
     from tinytf.data import prepare
-    from tinytf.commands import bpe as cli
     from tinytf.text import learn
 
     with monkeypatch.context() as patch:

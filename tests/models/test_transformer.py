@@ -540,7 +540,7 @@ def test_learns_to_reverse_sequences():
 def test_matches_pytorch_float64(pre_norm, sdpa, qk_norm, activation):
     """Same weights in bench/torch_transformer.py: same logits, loss and gradients."""
     torch = pytest.importorskip("torch")
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
     try:
         from torch_transformer import TorchTransformer, load_tinytf_state
         from torch_transformer import label_smoothed_loss as torch_loss

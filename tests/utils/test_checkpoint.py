@@ -15,7 +15,7 @@ from tinytf import nn, optim
 from tinytf.utils import checkpoint
 from tinytf.utils.checkpoint import CheckpointError, CheckpointManager
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _model_state(seed=0, scale=1.0):

@@ -1,6 +1,6 @@
 """The whole model on the GPU: the same numbers as on the CPU, mixed precision that tracks
 float32, and incremental decoding. Skipped without CuPy and a GPU (bench/gpu_check.sh runs
-these on one); the op-by-op and kernel-by-kernel checks are in tests/test_kernels.py.
+these on one); the op-by-op and kernel-by-kernel checks are in tests/fast/test_kernels.py.
 """
 from __future__ import annotations
 

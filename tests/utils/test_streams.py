@@ -11,7 +11,7 @@ import pytest
 from tinytf.text import BPE
 from tinytf.utils.streams import write_all
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(ROOT, "data", "ende")
 LIMIT = 3000    # bytes a process may write to any file
 

@@ -9,7 +9,7 @@ import pytest
 from tinytf import Function, Tensor
 from tinytf.engine.gradcheck import gradcheck, gradcheck_random
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "autograd.md"
+DOC = Path(__file__).resolve().parent.parent.parent / "docs" / "autograd.md"
 
 
 def leaf(a):

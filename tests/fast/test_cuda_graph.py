@@ -1,14 +1,14 @@
 """CUDA-graph training steps, the parts that run without a GPU: bucketing and padding batch
 shapes, and StepGraphs (fixed inputs, gradient slots, accumulation, invalidation) with the
 graph replaced by an eager call (cuda_graph.EagerReplay). The capture itself is tested on a
-GPU (tests/test_gpu.py, bench/gpu_train.py)."""
+GPU (tests/fast/test_gpu.py, bench/gpu_train.py)."""
 import os
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_train import _config
+from train_support import _config
 
 from tinytf.data.batches import Batch
 from tinytf.engine import backend

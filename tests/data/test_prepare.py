@@ -18,7 +18,7 @@ from tinytf.data.prepare import prepare_corpus
 from tinytf.text import BPE
 from tinytf.utils.checkpoint import sha256_file
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(ROOT, "data", "ende")
 PAIR = (os.path.join(DATA, "train.en"), os.path.join(DATA, "train.de"))
 

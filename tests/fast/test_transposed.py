@@ -16,7 +16,7 @@ from tinytf.models.transformer import Transformer, TransformerConfig
 from tinytf.text import BOS_ID, BPE, EOS_ID
 from tinytf.training.evaluate import greedy_translate
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "ende"
+DATA = Path(__file__).resolve().parent.parent.parent / "data" / "ende"
 
 
 def small_transformer(vocab=50):

@@ -9,7 +9,7 @@ import venv
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["d_model=16", "n_heads=2", "d_ff=32", "n_encoder_layers=1", "n_decoder_layers=1",
         "max_len=64", "train_max_len=40", "valid_bleu_sentences=4", "test_bleu=false",
         "optimizer=adam"]   # (RAdam, the tiny preset's, takes no step in its first 5 updates)

@@ -6,7 +6,7 @@ Python version of the GEMM interface, and every device-to-host read is counted. 
 tests run what only a GPU machine ran before: train.py and translate.py with --device gpu
 (fused kernels, the cuBLAS plans, pinned staging, bf16 storage, the CUDA-graph fallback),
 and they check that a training step launches its work without waiting for the device.
-They prove wiring, not CUDA semantics or speed (tests/test_gpu.py and bench/gpu_check.sh
+They prove wiring, not CUDA semantics or speed (tests/fast/test_gpu.py and bench/gpu_check.sh
 do that on a GPU). Each runs in a subprocess, so the stand-in never meets the other tests'
 NumPy arrays.
 """
@@ -19,12 +19,12 @@ import sys
 
 import numpy as np
 import pytest
-from test_distributed import SCRIPTS, requires_mpi, run_mpi
+from mpi_support import SCRIPTS, requires_mpi, run_mpi
 
 from tinytf.fast.kernels import host
 from tinytf.utils import checkpoint
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STANDIN = os.path.join(ROOT, "tests", "standin")
 TINY = ["d_model=16", "n_heads=2", "d_ff=32", "n_encoder_layers=1", "n_decoder_layers=1",
         "max_len=40", "train_max_len=30", "valid_bleu_sentences=2", "dropout=0.0",
@@ -182,8 +182,8 @@ def test_gpu_collectives_and_two_rank_training_on_the_gpu_path(data_dir, tmp_pat
     assert dev_loss["gpu"] == pytest.approx(dev_loss["cpu"], rel=1e-4)
 
 
-GPU_TEST_FILES = ["tests/test_gpu.py", "tests/test_kernels.py", "tests/test_amp.py",
-                  "tests/test_engine.py"]
+GPU_TEST_FILES = ["tests/fast/test_gpu.py", "tests/fast/test_kernels.py", "tests/fast/test_amp.py",
+                  "tests/engine/test_engine.py"]
 # Left to a real GPU: CUDA-graph capture (the stand-in has none), and two 30-step training
 # loops that take a minute each here (train.py's bf16 and fp16 runs above cover the paths).
 NEEDS_A_REAL_GPU = ("not captured and not training_steps_lower_the_loss "

