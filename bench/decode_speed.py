@@ -56,7 +56,7 @@ ENVIRONMENT = dict(os.environ)  # before the thread settings below: train.py run
 if ARGS is not None:
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(ARGS.threads)  # must precede the BLAS libraries' loading
-    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")  # as importing tinytf first sets it
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")  # as the commands set it
 
 import numpy as np  # noqa: E402
 
@@ -64,6 +64,9 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import tinytf  # noqa: E402
+import tinytf.fast.memory  # noqa: E402
+
+tinytf.fast.memory.keep_by_default()   # as the commands do: freed memory kept
 from tinytf.decoding.search import beam_search  # noqa: E402
 from tinytf.decoding.translation import (  # noqa: E402
     PrefixState,

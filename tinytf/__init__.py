@@ -8,28 +8,65 @@ faster variants of the ops, on by default; ``TINYTF_FAST=0`` runs the references
 :mod:`tinytf.distributed`, :mod:`tinytf.models` (the Transformer), :mod:`tinytf.text`
 (BPE), :mod:`tinytf.data`, :mod:`tinytf.decoding` (beam search, the translator),
 :mod:`tinytf.training` and :mod:`tinytf.commands` (the programs).
+
+Importing tinytf changes nothing in the process (no environment variable, no allocator
+setting) and loads nothing heavy: the public names below load their modules when first
+used, and the op table loads the ops and their fast variants at the first op. The commands
+set up their own process (:mod:`tinytf.commands`); a library user may do the same with
+:func:`tinytf.fast.memory.keep_freed_memory` and ``OPENBLAS_THREAD_TIMEOUT`` (docs/architecture.md).
 """
-import os as _os
-import sys as _sys
+import importlib as _importlib
 
-if "numpy" not in _sys.modules:
-    # OpenBLAS's idle threads spin for 2^28 cycles after each product before they sleep,
-    # taking a core from the row-parallel threads of tinytf.fast.threads; at 2^16 they
-    # still spin between the products of one batched matmul but sleep during the row ops
-    # (docs/architecture.md, "Both cores"). OpenBLAS reads it when NumPy loads it, so it
-    # is set only if NumPy is not loaded yet, and never over the user's own setting.
-    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")
-
-# ops first: importing it fills the op table that fast then overrides
-from tinytf import ops  # noqa: F401,E402
-from tinytf import fast, nn, optim  # noqa: F401,E402
-from tinytf.engine import backend  # noqa: F401,E402
-from tinytf.engine.backend import manual_seed  # noqa: E402
-from tinytf.engine.tensor import Function, Tensor, is_grad_enabled, no_grad, tensor  # noqa: E402
-from tinytf.nn import functional  # noqa: F401,E402
-from tinytf.nn.functional import cat, split, stack, where  # noqa: E402
+from tinytf.engine.dispatch import impl as _impl
 
 __version__ = "0.1.0"
 
+
+def _load_ops() -> None:
+    """Fill the op table: the reference ops, then the fast variants that replace some."""
+    _importlib.import_module("tinytf.ops")
+    _importlib.import_module("tinytf.fast")
+
+
+_impl.set_loader(_load_ops)
+
+_PUBLIC = {   # name -> (module, attribute or None for the module itself)
+    "Tensor": ("tinytf.engine.tensor", "Tensor"),
+    "Function": ("tinytf.engine.tensor", "Function"),
+    "tensor": ("tinytf.engine.tensor", "tensor"),
+    "no_grad": ("tinytf.engine.tensor", "no_grad"),
+    "is_grad_enabled": ("tinytf.engine.tensor", "is_grad_enabled"),
+    "manual_seed": ("tinytf.engine.backend", "manual_seed"),
+    "cat": ("tinytf.nn.functional", "cat"),
+    "split": ("tinytf.nn.functional", "split"),
+    "stack": ("tinytf.nn.functional", "stack"),
+    "where": ("tinytf.nn.functional", "where"),
+    "backend": ("tinytf.engine.backend", None),
+    "functional": ("tinytf.nn.functional", None),
+}
+
 __all__ = ["Tensor", "Function", "tensor", "no_grad", "is_grad_enabled", "manual_seed",
            "cat", "split", "stack", "where", "backend", "functional", "nn", "optim", "__version__"]
+
+
+def __getattr__(name: str):
+    """The public names, each loaded at its first use (PEP 562); subpackages by name."""
+    if name in _PUBLIC:
+        module, attribute = _PUBLIC[name]
+        value = _importlib.import_module(module)
+        value = value if attribute is None else getattr(value, attribute)
+    elif not name.startswith("_"):
+        try:
+            value = _importlib.import_module(f"tinytf.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"tinytf.{name}":
+                raise
+            raise AttributeError(f"module 'tinytf' has no attribute {name!r}") from None
+    else:
+        raise AttributeError(f"module 'tinytf' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -3,16 +3,39 @@
 - ``tinytf-train`` (:mod:`.train`; ``python train.py`` in a checkout),
 - ``tinytf-translate`` (:mod:`.translate`; ``python translate.py``),
 - ``tinytf-average`` (:mod:`.average`: average a run's last checkpoints),
-- ``tinytf-bpe`` (:mod:`tinytf.commands.bpe`: learn, encode, decode).
+- ``tinytf-prepare`` (:mod:`.prepare`: a run directory's BPE and encoded corpus, ahead of
+  training),
+- ``tinytf-bpe`` (:mod:`.bpe`: learn, encode, decode).
 
 Each ``main(argv)`` returns the exit status: 0 done, 1 internal error (a traceback), 2 usage
 or data error (one line naming the file), 128 + N stopped by signal N (141: a closed pipe).
+
+A program sets up its own process, which ``import tinytf`` leaves alone: importing this
+package sets ``OPENBLAS_THREAD_TIMEOUT=16`` while NumPy is not loaded yet (and the variable
+is unset), and each ``main`` calls :func:`start_process` (glibc keeps freed memory).
+docs/architecture.md, "Both cores" and "Freed memory", has the reasons and the figures.
 """
 
 import os
 import sys
 
-from tinytf.engine import backend
+if "numpy" not in sys.modules:
+    # OpenBLAS's idle threads spin for 2^28 cycles after each product before they sleep,
+    # taking a core from the row-parallel threads of tinytf.fast.threads; at 2^16 they
+    # still spin between the products of one batched matmul but sleep during the row ops.
+    # OpenBLAS reads it when NumPy loads it, so it is set only before that, and never over
+    # the user's own setting.
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")
+
+from tinytf.engine import backend  # noqa: E402 - after the variable above
+from tinytf.fast import memory  # noqa: E402
+
+
+def start_process() -> None:
+    """What a command does to its process when it starts: glibc keeps freed memory for the
+    next step (:func:`tinytf.fast.memory.keep_by_default`; ``TINYTF_KEEP_MEMORY=0`` or a
+    malloc tuning of the user's own leaves it as it is)."""
+    memory.keep_by_default()
 
 
 def device_default() -> str:

@@ -14,6 +14,7 @@ import os
 import sys
 
 from tinytf.utils import checkpoint
+from tinytf.commands import start_process
 
 
 def refuse_overwriting(output, paths) -> None:
@@ -36,6 +37,7 @@ def refuse_overwriting(output, paths) -> None:
 
 def main(argv=None) -> int:
     """Run the command line; returns the exit status (0 done, 2 a checkpoint error)."""
+    start_process()
     p = argparse.ArgumentParser(prog="tinytf-average", description=__doc__.split("\n\n")[0])
     p.add_argument("--inputs", nargs="+", required=True,
                    help="a run directory (its numbered checkpoints) or checkpoint files")

@@ -17,6 +17,7 @@ import time
 
 from tinytf.utils.streams import drop_stdout, note, write_all
 from tinytf.utils.workers import WorkerError, ordered_map
+from tinytf.commands import start_process
 
 
 class _OutputError(Exception):
@@ -172,6 +173,7 @@ def main(argv=None):
     """Run the command line; returns the exit status, as every tinytf command: 0 done, 1 a
     worker process killed (one line: out of memory?), 2 a data or usage error (one line on
     stderr naming the file, no traceback), 130 Ctrl-C, 141 a closed output pipe (quietly)."""
+    start_process()
     parser = build_parser()
     args = parser.parse_args(argv)
     if hasattr(sys.stdout, "reconfigure"):

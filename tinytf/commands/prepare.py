@@ -36,6 +36,7 @@ from tinytf.training.run_dir import (
 )
 from tinytf.training.signals import StopRequested, StopSignals
 from tinytf.utils.workers import WorkerError, signal_words
+from tinytf.commands import start_process
 
 
 class _Log:
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Run the command line; returns the exit status."""
+    start_process()
     args = build_parser().parse_args(argv)
     signals = StopSignals(_Log)
     try:

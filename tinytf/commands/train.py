@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 
-from tinytf.commands import device_default
+from tinytf.commands import device_default, start_process
 from tinytf.data.batches import DataError
 from tinytf.distributed import communicator as distributed
 from tinytf.engine import backend
@@ -230,6 +230,7 @@ def main(argv=None) -> int:
     """Run the command line; returns the exit status (0 done, 1 a worker process killed,
     2 usage or data error, 128 + N stopped by signal N with its checkpoint, or before the
     first update)."""
+    start_process()
     args = build_parser().parse_args(argv)
     given = given_options(sys.argv[1:] if argv is None else argv)
     if args.device == "gpu":  # read by tinytf.engine.backend and by distributed.init (GPU choice)

@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 
-from tinytf.commands import device_default
+from tinytf.commands import device_default, start_process
 from tinytf.decoding.search import Hypothesis
 from tinytf.decoding.translation import (
     DecodeProgress,
@@ -350,6 +350,7 @@ def main(argv=None) -> int:
     (Ctrl-C: the lines translated so far are written), 143 or 138 stopped by SIGTERM or
     SIGUSR1 (the same); 1 is a decoding worker killed (one line: out of memory?) or an
     internal error (a traceback)."""
+    start_process()
     parser = build_parser()
     args = parser.parse_args(argv)
     _check(args, parser)

@@ -39,7 +39,8 @@ ops everywhere; ``tests/fast/test_fast.py`` proves a whole Transformer step equa
 The other fast paths, outside the op table: :mod:`tinytf.fast.kernels` (the CUDA source and its
 wrappers), :mod:`tinytf.fast.amp` (mixed precision), :mod:`tinytf.fast.cuda_graph` (step replay),
 the flat-buffer Adam in :mod:`tinytf.optim.adam`, and :mod:`tinytf.fast.memory` (glibc keeps
-freed memory for the next step; ``TINYTF_KEEP_MEMORY=0`` leaves malloc as it is).
+freed memory for the next step: the commands ask for it; ``TINYTF_KEEP_MEMORY=0`` leaves
+malloc as it is).
 """
 from __future__ import annotations
 
@@ -59,7 +60,6 @@ from tinytf.fast.cuda import (
     FusedReLU,
     FusedSoftmax,
 )
-from tinytf.fast.memory import keep_by_default
 from tinytf.fast.optim import FusedAdam
 from tinytf.optim.adam import Adam
 
@@ -108,4 +108,3 @@ def enabled() -> bool:
 
 
 set_enabled(os.environ.get("TINYTF_FAST", "1") != "0")
-keep_by_default()   # glibc keeps freed memory for the next step (tinytf.fast.memory)

@@ -13,8 +13,10 @@ With 4,096-token batches on the ``tiny`` model that is about 100,000 faults per 
 (the largest value glibc accepts) come from the heap, and the heap is never trimmed, so the
 process keeps the pages of its largest step and reuses them. The cost is that memory freed
 after that peak stays with the process until it exits (the peak itself is unchanged).
-``import tinytf`` calls it on Linux with glibc unless ``TINYTF_KEEP_MEMORY=0`` or the user
-has tuned ``malloc`` already (``GLIBC_TUNABLES`` naming it, or a ``MALLOC_*`` variable).
+The commands call :func:`keep_by_default` when they start (``import tinytf`` changes
+nothing): on Linux with glibc, unless ``TINYTF_KEEP_MEMORY=0`` or the user has tuned
+``malloc`` already (``GLIBC_TUNABLES`` naming it, or a ``MALLOC_*`` variable). A library
+user opts in by calling :func:`keep_freed_memory` (or :func:`keep_by_default`).
 Figures: docs/architecture.md, "Freed memory".
 """
 from __future__ import annotations
@@ -61,7 +63,7 @@ def kept() -> bool:
 
 
 def keep_by_default(environ=os.environ) -> bool:
-    """What ``import tinytf`` does: :func:`keep_freed_memory` unless
+    """What the commands do when they start: :func:`keep_freed_memory` unless
     ``TINYTF_KEEP_MEMORY=0`` or :func:`user_tuned_malloc`."""
     if environ.get("TINYTF_KEEP_MEMORY", "1") == "0" or user_tuned_malloc(environ):
         return False
