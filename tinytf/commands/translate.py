@@ -163,6 +163,8 @@ def _write_svgs(translator, sources, results, directory, first: int = 1):
 def _open_input(path):
     """The input's file descriptor (stdin for "-"), read as a stream of line blocks."""
     if path == "-":
+        if sys.stdin is None:
+            raise TranslationError("the standard input is closed: give --input FILE")
         return sys.stdin.fileno(), None
     try:
         f = open(path, "rb")
@@ -285,13 +287,22 @@ def _prog() -> str:
 
 def _open_files(args):
     """Everything that can fail before the first line is decoded, in that order: the device,
-    the references, the input, the output (never one of the inputs) and the attention
-    directory. Returns (references or None, input descriptor, input file or None, output)."""
+    the references, the input, the model, the output (never one of the inputs, and opened
+    only once all before it succeeded: a failure leaves an existing output as it was) and
+    the attention directory. Returns (references or None, input descriptor, input file or
+    None, translator, output)."""
     problem = backend.gpu_unusable() if args.device == "gpu" else None
     if problem is not None:     # before any file is opened or written
         raise TranslationError(f"--device gpu {problem}")
     references = read_text_lines(args.reference, args.errors) if args.reference else None
     fd, infile = _open_input(args.input)
+    try:
+        translator = Translator.load(args.model, average=args.average, device=args.device,
+                                     precision=args.precision)
+    except BaseException:
+        if infile is not None:
+            infile.close()
+        raise
     out = _open_output(args.output, [("--input", args.input),
                                      ("--reference", args.reference),
                                      ("--score-reference", args.score_reference)])
@@ -303,7 +314,7 @@ def _open_files(args):
                 else f"cannot make the directory: {e.strerror}"
             raise TranslationError(f"--print-attention {args.print_attention}: {why}") \
                 from None
-    return references, fd, infile, out
+    return references, fd, infile, translator, out
 
 
 @dataclasses.dataclass
@@ -359,9 +370,7 @@ def main(argv=None) -> int:
     written = Written()
     handlers = {}
     try:
-        references, fd, infile, out = _open_files(args)
-        translator = Translator.load(args.model, average=args.average, device=args.device,
-                                     precision=args.precision)
+        references, fd, infile, translator, out = _open_files(args)
         warning = amp.speed_warning(args.precision, args.device)
         if warning:
             note(warning)

@@ -258,6 +258,9 @@ class Translator:
             config = TransformerConfig.from_dict(ckpt.meta["model_config"])
         except (TypeError, ValueError) as e:
             raise TranslationError(f"{ckpt_path}: bad model_config: {e}") from None
+        problem = config.mismatch(ckpt.model)
+        if problem:
+            raise TranslationError(f"{ckpt_path}: {problem}")
         bpe_path = bpe_path_of(ckpt, ckpt_path)
         expected = (ckpt.meta.get("bpe") or {}).get("sha256")
         if expected and checkpoint.sha256_file(bpe_path) != expected:

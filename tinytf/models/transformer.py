@@ -61,6 +61,36 @@ class TransformerConfig:
     activation: str = "relu"        # the FFN's: "relu" (eq. 2) or "gelu" (see FeedForward)
     eps: float = 1e-5
 
+    MAX_TABLE_FLOATS = 1 << 28
+    """The most floats the sinusoid table (max_len x d_model) may take: 1 GiB."""
+
+    def mismatch(self, arrays) -> str | None:
+        """Why this config cannot be the model of ``arrays`` (a checkpoint's parameters by
+        name, only their shapes read), else None: checked before building the model, which
+        allocates every parameter, so that a config that claims more than the file holds
+        allocates nothing."""
+        def shape(name):
+            return tuple(arrays[name].shape) if name in arrays else None
+        embed, d = shape("embed.weight"), self.d_model
+        if embed is None:
+            return "no embed.weight array"
+        if embed != (self.vocab_size, d):
+            return (f"model_config says vocab_size {self.vocab_size} and d_model {d}, but "
+                    f"embed.weight has shape {embed}")
+        for side, n in (("encoder", self.n_encoder_layers), ("decoder", self.n_decoder_layers)):
+            layers = {k.split(".")[2] for k in arrays if k.startswith(f"{side}.layers.")}
+            if layers != {str(i) for i in range(n)}:
+                return (f"model_config says {n} {side} layers, but the arrays hold "
+                        f"{len(layers)}")
+            ffn = shape(f"{side}.layers.0.ffn.w_1.weight")
+            if n and ffn != (self.d_ff, d):
+                return (f"model_config says d_ff {self.d_ff}, but {side}.layers.0.ffn.w_1."
+                        f"weight has shape {ffn}")
+        if not 0 < self.max_len * d <= self.MAX_TABLE_FLOATS:
+            return (f"model_config's max_len {self.max_len} makes a sinusoid table of "
+                    f"{self.max_len * d:,} floats (at most {self.MAX_TABLE_FLOATS:,})")
+        return None
+
     PRESETS = {  # section 6.1 / table 3; tiny and small are ours, for CPUs
         # tiny departs from the paper with pre-LN: in a CPU budget of minutes post-LN stays
         # near the unigram plateau (docs/training.md, "The tiny recipe"); --set

@@ -76,6 +76,8 @@ def _read_json(path):
         raise BPEFileError(path, "the file is empty")
     try:
         return json.loads(text)
+    except RecursionError:
+        raise BPEFileError(path, "JSON nested too deeply; not a tinytf BPE model") from None
     except json.JSONDecodeError as e:
         if not text.lstrip().startswith("{"):
             problem = "not JSON; not a tinytf BPE model"
@@ -85,6 +87,8 @@ def _read_json(path):
             problem = "invalid JSON"
         raise BPEFileError(path, f"{problem} (line {e.lineno}, column {e.colno}: {e.msg})") \
             from None
+    except ValueError as e:    # an integer of over 4,300 digits (Python 3.11's limit)
+        raise BPEFileError(path, f"not a tinytf BPE model ({str(e)[:120]})") from None
 
 
 def load(cls, path):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -213,6 +214,34 @@ class Checkpoint:
         return f"Checkpoint({self.path!r}, step={self.step}, {len(self.model)} tensors)"
 
 
+def check_members(path) -> None:
+    """Refuse an archive whose ``.npy`` members claim more than they hold, before anything
+    is allocated from those claims: each member's shape and dtype are read from its header
+    alone and checked against the member's real size (as safetensors checks its header
+    against the file's), and object arrays (pickles) are refused. A CheckpointError names
+    the file and the member."""
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            with archive.open(info) as member:
+                try:
+                    version = np.lib.format.read_magic(member)
+                    read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                            else np.lib.format.read_array_header_2_0)
+                    shape, _, dtype = read(member, max_header_size=1 << 16)
+                except ValueError as e:
+                    raise CheckpointError(f"{path}: member {info.filename}: not a NumPy array "
+                                          f"({e})") from None
+                if dtype.hasobject:
+                    raise CheckpointError(f"{path}: member {info.filename}: an object array "
+                                          "(a pickle), which tinytf never writes nor loads")
+                claimed = math.prod(shape) * dtype.itemsize
+                if claimed + member.tell() > info.file_size:
+                    raise CheckpointError(
+                        f"{path}: member {info.filename}: its header claims shape "
+                        f"{tuple(shape)} of {dtype} ({_size(claimed)}), but the member holds "
+                        f"{_size(info.file_size)}: a damaged or forged checkpoint")
+
+
 def load(path, *, with_optim: bool = True) -> Checkpoint:
     """Read a checkpoint written by ``save`` with ``allow_pickle=False``.
 
@@ -226,6 +255,7 @@ def load(path, *, with_optim: bool = True) -> Checkpoint:
         with open(path, "rb") as f:
             if f.read(4) != b"PK\x03\x04":   # a zip archive's first bytes, as .npz files have
                 raise CheckpointError(f"{path}: not a checkpoint (not a NumPy .npz archive)")
+        check_members(path)
         with np.load(path, allow_pickle=False) as npz:
             keys = list(npz.files)
             if "meta/format" not in keys:
@@ -244,8 +274,9 @@ def load(path, *, with_optim: bool = True) -> Checkpoint:
     except zipfile.BadZipFile as e:
         raise CheckpointError(f"{path}: unreadable checkpoint: the .npz archive is truncated "
                               f"or damaged ({e})") from e
-    except (ValueError, OSError, EOFError, KeyError) as e:
-        raise CheckpointError(f"{path}: unreadable checkpoint ({type(e).__name__}: {e})") from e
+    except (ValueError, OSError, EOFError, KeyError, RecursionError) as e:
+        raise CheckpointError(f"{path}: unreadable checkpoint ({type(e).__name__}: "
+                              f"{str(e)[:200]})") from None
     meta.pop("optim", None)
     return Checkpoint(path, model, optim, meta)
 
@@ -337,8 +368,12 @@ class CheckpointManager:
         self.metric, self.higher_is_better = metric, higher_is_better
         os.makedirs(self.run_dir, exist_ok=True)
         for name in os.listdir(self.run_dir):
-            if name.startswith(".checkpoint_") and name.endswith(".tmp"):
-                os.unlink(os.path.join(self.run_dir, name))  # left by a killed writer
+            stray = os.path.join(self.run_dir, name)
+            # A file (or link) left by a killed writer goes; anything else of that name, a
+            # directory say, is not ours to remove and is left alone.
+            if name.startswith(".checkpoint_") and name.endswith(".tmp") and (
+                    os.path.islink(stray) or not os.path.isdir(stray)):
+                os.unlink(stray)
         self.best = None
         best = os.path.join(self.run_dir, BEST)
         if os.path.isfile(best):

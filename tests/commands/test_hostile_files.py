@@ -1,0 +1,166 @@
+"""Hostile and broken files through the commands: one line naming the file and what is
+wrong, exit 2, no traceback, nothing allocated from a file's claims before they are checked,
+and no output clobbered by a failure (docs/checkpoints.md, "Untrusted files")."""
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+import tinytf
+from tinytf.models.transformer import Transformer, TransformerConfig
+from tinytf.text import BPE
+from tinytf.utils import checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DATA = os.path.join(ROOT, "data", "ende")
+LIMIT = "import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); "
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A small run directory: its BPE and one checkpoint of an untrained model."""
+    run = tmp_path_factory.mktemp("run")
+    lines = open(os.path.join(DATA, "train.en"), encoding="utf-8").read().splitlines()[:200]
+    bpe = BPE.learn(lines, vocab_size=300)
+    bpe.save(str(run / "bpe.json"))
+    tinytf.manual_seed(1)
+    config = TransformerConfig(vocab_size=len(bpe), d_model=16, n_heads=2, d_ff=32,
+                               n_encoder_layers=1, n_decoder_layers=1, max_len=64)
+    meta = {"model_config": config.to_dict(),
+            "bpe": {"file": "bpe.json", "sha256": checkpoint.sha256_file(run / "bpe.json")}}
+    checkpoint.CheckpointManager(str(run)).save(1, Transformer(config).state_dict(), None, meta)
+    return run
+
+
+def _copy(run_dir, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    return run
+
+
+def _translate(*args, stdin=subprocess.DEVNULL, limit=True):
+    """translate.py in a fresh process under a 3 GiB address-space limit: a claim that
+    allocates is a MemoryError traceback, not a machine brought to its knees."""
+    code = (LIMIT if limit else "") + \
+        "import sys; from tinytf.commands.translate import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, stdin=stdin,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _one_line_exit_2(result, *words):
+    err = result.stderr.strip()
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    for word in words:
+        assert word in err, err
+    return err
+
+
+def _rewrite(path, member, data: bytes):
+    """The checkpoint at ``path`` with ``member`` replaced by ``data``."""
+    with zipfile.ZipFile(path) as z:
+        members = {i.filename: z.read(i) for i in z.infolist()}
+    members[member] = data
+    with zipfile.ZipFile(path, "w") as z:
+        for name, value in members.items():
+            z.writestr(name, value)
+
+
+def _npy(array) -> bytes:
+    out = io.BytesIO()
+    np.lib.format.write_array(out, array, allow_pickle=False)
+    return out.getvalue()
+
+
+def test_an_array_header_that_claims_a_terabyte_is_refused_before_loading(run_dir, tmp_path):
+    run = _copy(run_dir, tmp_path)
+    path = run / checkpoint.LAST
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
+                                                  "shape": (10 ** 12,)})
+    _rewrite(path, "model/embed.weight.npy", header.getvalue() + b"\0" * 64)
+    err = _one_line_exit_2(_translate("--model", str(run)), str(path), "embed.weight",
+                           "claims shape (1000000000000,)")
+    assert "MemoryError" not in err
+    with pytest.raises(checkpoint.CheckpointError, match="claims shape"):
+        checkpoint.load(path)
+
+
+def test_an_object_array_member_is_refused(run_dir, tmp_path):
+    run = _copy(run_dir, tmp_path)
+    path = run / checkpoint.LAST
+    out = io.BytesIO()
+    np.lib.format.write_array(out, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    _rewrite(path, "model/embed.weight.npy", out.getvalue())
+    _one_line_exit_2(_translate("--model", str(run)), str(path), "object array")
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("d_model", 65536, ["d_model 65536", "embed.weight"]),
+    ("d_ff", 10 ** 9, ["d_ff 1000000000"]),
+    ("vocab_size", 10 ** 9, ["vocab_size 1000000000"]),
+    ("n_encoder_layers", 10 ** 6, ["1000000 encoder layers"]),
+    ("max_len", 10 ** 9, ["max_len 1000000000"]),
+    ("n_heads", 3, ["n_heads=3"]),
+])
+def test_a_model_config_that_claims_more_than_the_arrays_builds_nothing(
+        run_dir, tmp_path, key, value, words):
+    run = _copy(run_dir, tmp_path)
+    path = run / checkpoint.LAST
+    with np.load(path) as z:
+        config = json.loads(str(z["meta/model_config"][()]))
+    config[key] = value
+    _rewrite(path, "meta/model_config.npy", _npy(np.array(json.dumps(config))))
+    _one_line_exit_2(_translate("--model", str(run)), str(path), *words)
+
+
+def test_a_model_that_fails_to_load_leaves_the_output_as_it_was(run_dir, tmp_path):
+    run = _copy(run_dir, tmp_path)
+    path = run / checkpoint.LAST
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:len(data) // 2])      # truncated
+    output = tmp_path / "o.txt"
+    output.write_text("keep\n")
+    _one_line_exit_2(_translate("--model", str(path), "--input", os.path.join(DATA, "dev.en"),
+                                "--output", str(output)), str(path))
+    assert output.read_text() == "keep\n"
+
+
+def test_a_closed_standard_input_is_one_line(run_dir):
+    code = ("import os, sys; os.close(0); sys.stdin = None; "
+            "from tinytf.commands.translate import main; sys.exit(main(sys.argv[1:]))")
+    result = subprocess.run([sys.executable, "-c", code, "--model", str(run_dir)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    _one_line_exit_2(result, "standard input is closed")
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"format": ' + "1" * 5000 + "}", ["not a tinytf BPE model"]),
+    ("[" * 200_000 + "]" * 200_000, ["nested too deeply"]),
+], ids=["5000-digit-number", "deep-nesting"])
+def test_a_bpe_file_with_a_huge_number_or_deep_nesting_is_one_line(tmp_path, text, words):
+    model = tmp_path / "bpe.json"
+    model.write_text(text)
+    result = subprocess.run([sys.executable, "-m", "tinytf.commands.bpe", "encode", "--model",
+                             str(model)], cwd=ROOT, input="a b\n", capture_output=True,
+                            text=True, timeout=300)
+    err = _one_line_exit_2(result, str(model), *words)
+    assert "RecursionError" not in err
+
+
+def test_a_directory_named_like_a_temporary_checkpoint_is_left_alone(tmp_path):
+    """A stray temporary file of a killed writer is removed when a run starts; a directory
+    of that name is not (it is not a checkpoint's), and starts no longer crash on it."""
+    (tmp_path / ".checkpoint_x.tmp").mkdir()
+    (tmp_path / ".checkpoint_y.tmp").write_bytes(b"half a checkpoint")
+    manager = checkpoint.CheckpointManager(str(tmp_path))
+    assert (tmp_path / ".checkpoint_x.tmp").is_dir()
+    assert not (tmp_path / ".checkpoint_y.tmp").exists()
+    manager.save(1, {"w": np.ones(2, np.float32)}, None, {})
+    assert checkpoint.load(tmp_path / checkpoint.LAST).step == 1
