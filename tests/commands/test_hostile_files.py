@@ -164,3 +164,51 @@ def test_a_directory_named_like_a_temporary_checkpoint_is_left_alone(tmp_path):
     assert not (tmp_path / ".checkpoint_y.tmp").exists()
     manager.save(1, {"w": np.ones(2, np.float32)}, None, {})
     assert checkpoint.load(tmp_path / checkpoint.LAST).step == 1
+
+
+def test_a_lock_that_is_a_link_out_of_the_run_directory_is_refused(data_dir, tmp_path, capsys):
+    """train.lock replaced by a symbolic link: the run refuses it in one line and the
+    link's target is not truncated nor written (it used to receive the PID)."""
+    from train_support import _train_tiny
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink(outside, run / "train.lock")
+    code, _, err = _train_tiny(capsys, data_dir, run, "--max-steps", "1")
+    assert code == 2 and "train.lock" in err and "symbolic link" in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert outside.read_text() == "keep\n"
+
+
+def test_a_log_that_is_a_link_out_of_the_run_directory_is_not_written(data_dir, tmp_path,
+                                                                       capsys):
+    """train.log replaced by a symbolic link: the run trains on, says once that it cannot
+    write the log there, and writes nothing outside the run directory."""
+    from train_support import _train_tiny
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink(outside, run / "train.log")
+    code, out, err = _train_tiny(capsys, data_dir, run, "--max-steps", "2")
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["steps"] == 2
+    assert err.count("cannot write") == 1 and "symbolic link" in err
+    assert outside.read_text() == "keep\n"
+
+
+def test_a_bpe_model_smaller_than_the_models_vocabulary_is_refused(run_dir, tmp_path):
+    """A checkpoint that does not record its BPE's SHA-256, beside a smaller bpe.json: one
+    line before decoding (it used to crash there: "id 826 is outside the vocabulary")."""
+    run = _copy(run_dir, tmp_path)
+    ckpt = checkpoint.load(run / checkpoint.LAST)
+    for name in os.listdir(run):
+        if name.startswith("checkpoint"):
+            os.remove(run / name)
+    meta = {"model_config": ckpt.meta["model_config"]}          # no "bpe" entry
+    checkpoint.CheckpointManager(str(run)).save(1, ckpt.model, None, meta)
+    lines = open(os.path.join(DATA, "train.en"), encoding="utf-8").read().splitlines()[:200]
+    BPE.learn(lines, vocab_size=280).save(str(run / "bpe.json"))
+    _one_line_exit_2(_translate("--model", str(run)), "bpe.json", "280 pieces",
+                     "has 300")

@@ -267,9 +267,10 @@ class Translator:
             raise TranslationError(f"{bpe_path}: not the BPE model {ckpt_path} was trained with "
                                    "(SHA-256 differs)")
         bpe = BPE.load(bpe_path)
-        if len(bpe) > config.vocab_size:
-            raise TranslationError(f"{bpe_path}: {len(bpe)} pieces but the model of {ckpt_path} "
-                                   f"has only {config.vocab_size}")
+        if len(bpe) != config.vocab_size:
+            raise TranslationError(f"{bpe_path}: {len(bpe)} pieces, but the model of "
+                                   f"{ckpt_path} has {config.vocab_size}: not the BPE model "
+                                   "it was trained with")
         model = Transformer(config)
         try:
             model.load_state_dict(ckpt.model)

@@ -19,6 +19,7 @@ from tinytf.text import BPE
 from tinytf.text.learn import TextError
 from tinytf.training.config import BPE_FILE, CORPUS_DIR, TrainConfig, TrainError, apply_overrides
 from tinytf.utils import checkpoint
+from tinytf.utils.files import open_own
 from tinytf.utils.workers import available_cpus
 
 
@@ -307,7 +308,11 @@ class RunLock:
     def __init__(self, run_dir: str):
         import fcntl  # noqa: PLC0415 - POSIX only; imported where it is used
         self.path = os.path.join(run_dir, LOCK_FILE)
-        self._file = open(self.path, "a+", encoding="utf-8")
+        try:
+            self._file = open_own(self.path, "a+")
+        except OSError as e:
+            raise TrainError(f"{self.path}: cannot open the run's lock: "
+                             f"{e.strerror or e}") from None
         try:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

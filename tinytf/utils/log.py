@@ -8,6 +8,7 @@ import os
 import sys
 import time
 
+from tinytf.utils.files import open_own
 from tinytf.utils.streams import note
 
 
@@ -63,7 +64,7 @@ class Logger:
         """``text`` at the end of ``path``; a refused write is warned of on the stream, once
         until a write there succeeds again."""
         try:
-            with open(path, "a", encoding="utf-8") as f:
+            with open_own(path, "a") as f:     # never through a link out of the run
                 f.write(text)
         except OSError as e:
             if path not in self._failed and self.stream is not None and note(
