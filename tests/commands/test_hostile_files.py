@@ -181,8 +181,8 @@ def test_a_lock_that_is_a_link_out_of_the_run_directory_is_refused(data_dir, tmp
     assert outside.read_text() == "keep\n"
 
 
-def test_a_log_that_is_a_link_out_of_the_run_directory_is_not_written(data_dir, tmp_path,
-                                                                       capsys):
+def test_a_log_that_is_a_link_out_of_the_run_directory_is_not_written(
+        data_dir, tmp_path, capsys):
     """train.log replaced by a symbolic link: the run trains on, says once that it cannot
     write the log there, and writes nothing outside the run directory."""
     from train_support import _train_tiny
@@ -212,3 +212,107 @@ def test_a_bpe_model_smaller_than_the_models_vocabulary_is_refused(run_dir, tmp_
     BPE.learn(lines, vocab_size=280).save(str(run / "bpe.json"))
     _one_line_exit_2(_translate("--model", str(run)), "bpe.json", "280 pieces",
                      "has 300")
+
+
+def _broken_data(data_dir, tmp_path, name, content: bytes | None):
+    """A copy of ``data_dir`` with ``name`` replaced by ``content`` (None: a link to
+    /dev/null)."""
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    os.remove(data / name)
+    if content is None:
+        os.symlink(os.devnull, data / name)
+    else:
+        (data / name).write_bytes(content)
+    return data
+
+
+def _nul_at_line(text: bytes, n: int) -> bytes:
+    """``text`` with a NUL byte at the start of its line ``n`` (from 1)."""
+    lines = text.split(b"\n")
+    lines[n - 1] = b"\0" + lines[n - 1]
+    return b"\n".join(lines)
+
+
+def _train_lines(data_dir, lang="en"):
+    return open(os.path.join(data_dir, f"train.{lang}"), "rb").read()
+
+
+@pytest.mark.parametrize("case, name, words", [
+    ("cr-only", "train.en", ["carriage returns (CR) only"]),
+    ("utf-16", "train.de", ["UTF-16 text", "iconv"]),
+    ("nul", "train.en", ["line 5: a NUL byte"]),
+    ("dev-nul", "dev.de", ["line 2: a NUL byte"]),
+    ("device", "train.en", ["not a regular file"]),
+])
+def test_data_that_is_not_text_is_named_before_anything_is_learnt(data_dir, tmp_path, capsys,
+                                                                  case, name, words):
+    """CR-only line ends, UTF-16, NUL bytes and a link to a device are each one line naming
+    the file (and line), exit 2, and the run directory gets no BPE and no corpus (CR-only
+    used to learn a BPE from one 139 KB "line"; UTF-16 was "no partner line"; the device
+    "no such file")."""
+    from train_support import _train_tiny
+    text = _train_lines(data_dir, name.split(".")[1]) if name.startswith("train") else \
+        open(os.path.join(data_dir, name), "rb").read()
+    content = {"cr-only": text.replace(b"\n", b"\r"),
+               "utf-16": text.decode("utf-8").encode("utf-16"),
+               "nul": _nul_at_line(text, 5),
+               "dev-nul": text.replace(b"\n", b"\nx\0", 1),
+               "device": None}[case]
+    data = _broken_data(data_dir, tmp_path, name, content)
+    run = tmp_path / "run"
+    code, _, err = _train_tiny(capsys, str(data), run, "--max-steps", "1")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert name in err, err
+    for word in words:
+        assert word in err, err
+    assert not (run / "bpe.json").exists() and not (run / "corpus").exists()
+
+
+def test_a_stale_corpus_that_was_a_link_is_replaced_and_its_target_left_alone(tmp_path):
+    """RUNDIR/corpus as a symbolic link to a directory elsewhere: the new corpus replaces
+    the link, nothing is left behind as corpus.old-PID (it used to stay for ever), and the
+    directory the link pointed to is untouched."""
+    import numpy as np
+
+    from tinytf.data import corpus_file
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink(outside, run / "corpus")
+    with corpus_file.CorpusWriter(str(run / "corpus"), vocab_size=100) as w:
+        w.add(np.array([5, 6]), np.array([2]), np.array([7]), np.array([1]), np.array([0]))
+        w.finish({"bpe_sha256": "x", "max_len": 16, "sources": [], "lines": 1,
+                  "skipped_long": 0, "skipped_empty": 0})
+    assert sorted(os.listdir(run)) == ["corpus"] and not os.path.islink(run / "corpus")
+    assert (outside / "keep.txt").read_text() == "keep\n"
+    assert len(corpus_file.open_corpus(str(run / "corpus"))) == 1
+
+
+def test_tinytf_average_refuses_a_forged_array_header_in_one_line(run_dir, tmp_path):
+    run = _copy(run_dir, tmp_path)
+    path = run / checkpoint.LAST
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
+                                                  "shape": (10 ** 12,)})
+    _rewrite(path, "model/embed.weight.npy", header.getvalue() + b"\0" * 64)
+    code = (LIMIT + "import sys; from tinytf.commands.average import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    result = subprocess.run([sys.executable, "-c", code, "--inputs", str(path), str(path),
+                             "--output", str(tmp_path / "avg.npz")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    _one_line_exit_2(result, str(path), "claims shape")
+    assert not (tmp_path / "avg.npz").exists()
+
+
+def test_tinytf_prepare_names_utf16_data_in_one_line(data_dir, tmp_path):
+    text = _train_lines(data_dir, "de").decode("utf-8").encode("utf-16")
+    data = _broken_data(data_dir, tmp_path, "train.de", text)
+    result = subprocess.run([sys.executable, "-m", "tinytf.commands.prepare", "--data",
+                             str(data), "--out", str(tmp_path / "run"), "--vocab-size", "300",
+                             "--workers", "1"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    _one_line_exit_2(result, "train.de", "UTF-16 text")
+    assert not (tmp_path / "run" / "bpe.json").exists()

@@ -345,8 +345,8 @@ def test_init_from_starts_a_new_run_from_another_runs_weights(data_dir, tmp_path
 
 
 def test_a_failed_start_keeps_its_bpe_which_a_changed_text_learns_again(data_dir, tmp_path):
-    """A corpus that yields no training pair (CR-only line ends: one huge line per side)
-    fails the start after the BPE is learnt; the BPE model is kept, and the next start on
+    """A corpus that yields no training pair (every line longer than train_max_len) fails
+    the start after the BPE is learnt; the BPE model is kept, and the next start on
     the same text reuses it. Once the text is mended, the next start learns it again (the
     BPE that a fresh directory learns from that text). A bpe.json learnt, or prepared, for
     another --vocab-size is refused; one that the directory did not learn is reused."""
@@ -354,8 +354,9 @@ def test_a_failed_start_keeps_its_bpe_which_a_changed_text_learns_again(data_dir
     text.mkdir()
     for name in os.listdir(data_dir):
         content = (pathlib.Path(data_dir) / name).read_text(encoding="utf-8")
-        (text / name).write_text(content.replace("\n", "\r") if name.startswith("train")
-                                 else content, encoding="utf-8")
+        long_lines = "".join(" ".join([line] * 30) + "\n" for line in content.splitlines())
+        (text / name).write_text(long_lines if name.startswith("train") else content,
+                                 encoding="utf-8")
     run = tmp_path / "run"
     for attempt in range(2):
         log = io.StringIO()
@@ -368,12 +369,17 @@ def test_a_failed_start_keeps_its_bpe_which_a_changed_text_learns_again(data_dir
         (text / name).write_bytes((pathlib.Path(data_dir) / name).read_bytes())
     log = _start(_config(str(text), run, max_steps=1))
     assert f"{run / 'bpe.json'} was learnt from other training text ({text / 'train.en'}: " \
-        "its content differs): learning it again" in log, log
+        "its size differs): learning it again" in log, log
     _start(_config(data_dir, tmp_path / "fresh", max_steps=1))
     assert (run / "bpe.json").read_bytes() == (tmp_path / "fresh" / "bpe.json").read_bytes()
     assert "learning a joint BPE" not in _start(_config(str(text), run, max_steps=1))
     swapped = dataclasses.replace(_config(str(text), run, max_steps=1), src="de", tgt="en")
     assert "learning a joint BPE" not in _start(swapped)   # the same joint BPE either way
+    data = (text / "train.en").read_bytes()                 # the same size, one letter other
+    (text / "train.en").write_bytes(data.replace(b"a", b"e", 1))
+    assert f"{run / 'bpe.json'} was learnt from other training text ({text / 'train.en'}: " \
+        "its content differs): learning it again" in _start(_config(str(text), run,
+                                                                    max_steps=1))
 
     (run / "config.json").unlink()           # the BPE's own record says its --vocab-size
     with pytest.raises(TrainError, match="learnt for --vocab-size 300, this run asks for 280"):

@@ -33,6 +33,30 @@ class DataError(ValueError):
     """A data file is unusable; the message names the file, the line and the problem."""
 
 
+def text_problem(block: bytes, path, first_line: int = 0, at_start: bool = True) -> None:
+    """A :class:`DataError` for bytes that are not one-sentence-a-line UTF-8 text, naming
+    the file and line: a UTF-16 or UTF-32 byte-order mark (``at_start``: ``block`` opens the
+    file), a NUL byte (never in text; binary, or UTF-16 without a mark), or carriage returns
+    with no newline at all (CR-only line ends, which would read as one giant line).
+    ``first_line``: the 0-based number of the line that ``block`` starts."""
+    if at_start:
+        for mark, name in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
+                           (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16")):
+            if block.startswith(mark):
+                raise DataError(f"{path}: {name} text (byte-order mark {mark.hex(' ')}); "
+                                "tinytf reads UTF-8: convert it, e.g. iconv -f "
+                                f"{name} -t UTF-8")
+    nul = block.find(b"\0")
+    if nul >= 0:
+        line = first_line + block.count(b"\n", 0, nul) + 1
+        raise DataError(f"{path}: line {line}: a NUL byte (0x00): not UTF-8 text (UTF-16 "
+                        "without a byte-order mark, or a binary file?)")
+    if at_start and b"\r" in block and b"\n" not in block:
+        raise DataError(f"{path}: line ends are carriage returns (CR) only, with no newline: "
+                        "one sentence a line needs \\n (or \\r\\n) line ends; convert them, "
+                        "e.g. tr '\\r' '\\n'")
+
+
 def read_lines(path) -> list[str]:
     """Read ``path`` as UTF-8, one sentence per line, and return the lines without ``\\n``.
 
@@ -45,6 +69,7 @@ def read_lines(path) -> list[str]:
         raw = f.read()
     if not raw.strip():
         raise DataError(f"{path}: empty file (expected one sentence per line)")
+    text_problem(raw, path)
     return decode_block(raw, path)
 
 
@@ -90,10 +115,13 @@ def unpaired(src_path, tgt_path, n_src: int, n_tgt: int) -> DataError:
 
 
 def count_lines(path, block_bytes=1 << 24) -> int:
-    """The number of lines of ``path`` (a last line without ``\\n`` counts), read in blocks."""
+    """The number of lines of ``path`` (a last line without ``\\n`` counts), read in blocks;
+    a :class:`DataError` where the bytes are not text (:func:`text_problem`: checked on the
+    first block for byte-order marks and CR-only line ends, on every block for NUL)."""
     count, last = 0, b"\n"
     with open(path, "rb") as f:
         while block := f.read(block_bytes):
+            text_problem(block, path, count, at_start=count == 0 and last == b"\n")
             count += block.count(b"\n")
             last = block[-1:]
     return count + (last != b"\n")

@@ -139,10 +139,10 @@ class CorpusWriter:
             f.flush()
             os.fsync(f.fileno())
         old = f"{self.path}.old-{os.getpid()}"
-        if os.path.exists(self.path):
+        if os.path.lexists(self.path):
             os.rename(self.path, old)
         os.rename(self.tmp, self.path)
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
 
     def __enter__(self):
         return self
@@ -177,7 +177,15 @@ def remove_leftovers(path) -> None:
             pid = entry[len(name) + len(tag):]
             if (entry.startswith(name + tag) and pid.isdigit() and int(pid) != os.getpid()
                     and not _running(int(pid))):
-                shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+                _remove(os.path.join(parent, entry))
+
+
+def _remove(path) -> None:
+    """Remove a corpus directory, or a link in its place (not what the link points to)."""
+    if os.path.islink(path):
+        os.unlink(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def read_header(path) -> dict | None:
@@ -206,6 +214,8 @@ def stale_reason(path, bpe_sha256: str, sources, max_len, check_mtime=True) -> s
     if header.get("max_len") != max_len:
         return f"prepared with max_len {header.get('max_len')}, this run uses {max_len}"
     recorded = header.get("sources") or [{}, {}]
+    if not isinstance(recorded, list) or not all(isinstance(s, dict) for s in recorded):
+        return "header field sources is not a list of files"
     for src, now in zip(recorded, sources):
         mine = source_identity(now)
         keys = ("size", "mtime_ns", "head_tail_sha256") if check_mtime else (
@@ -213,14 +223,17 @@ def stale_reason(path, bpe_sha256: str, sources, max_len, check_mtime=True) -> s
         for key in keys:
             if src.get(key) != mine[key]:
                 return f"{now} changed since it was prepared ({key.replace('_', ' ')} differs)"
-    try:
-        itemsize = np.dtype(header["dtype"]).itemsize
-        expected = {"src.bin": header["src_tokens"] * itemsize,
-                    "tgt.bin": header["tgt_tokens"] * itemsize,
-                    "src.idx": (header["pairs"] + 1) * 8, "tgt.idx": (header["pairs"] + 1) * 8,
-                    "kept.bin": header["pairs"] * 8}
-    except (KeyError, TypeError):
-        return "incomplete header"
+    counts = ("pairs", "src_tokens", "tgt_tokens", "lines", "skipped_long", "skipped_empty")
+    bad = [k for k in counts if type(header.get(k)) is not int or header[k] < 0]
+    if bad:
+        return f"header field {bad[0]} is not a count"
+    if header.get("dtype") not in ("uint16", "int32"):
+        return f"header field dtype {header.get('dtype')!r} is not uint16 or int32"
+    itemsize = np.dtype(header["dtype"]).itemsize
+    expected = {"src.bin": header["src_tokens"] * itemsize,
+                "tgt.bin": header["tgt_tokens"] * itemsize,
+                "src.idx": (header["pairs"] + 1) * 8, "tgt.idx": (header["pairs"] + 1) * 8,
+                "kept.bin": header["pairs"] * 8}
     for name, size in expected.items():
         file = os.path.join(path, name)
         if not os.path.isfile(file) or os.path.getsize(file) != size:

@@ -34,7 +34,9 @@ def data_paths(cfg) -> dict:
             paths[split] = pair
         elif split != "test" or any(present):
             missing = [p for p, ok in zip(pair, present) if not ok]
-            what = "a directory, not a file" if os.path.isdir(missing[0]) else "no such file"
+            what = ("a directory, not a file" if os.path.isdir(missing[0]) else
+                    "not a regular file (a device, a pipe or a socket)"
+                    if os.path.exists(missing[0]) else "no such file")
             raise TrainError(f"{missing[0]}: {what} (--data {cfg.data} must hold "
                              f"train.{cfg.src}, train.{cfg.tgt}, dev.{cfg.src}, "
                              f"dev.{cfg.tgt}; test.* optional)")
