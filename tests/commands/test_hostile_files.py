@@ -141,7 +141,7 @@ def test_a_closed_standard_input_is_one_line(run_dir):
 
 
 @pytest.mark.parametrize("text, words", [
-    ('{"format": ' + "1" * 5000 + "}", ["not a tinytf BPE model"]),
+    ('{"format": ' + "1" * 5000 + "}", ["a number of over 4,300 digits"]),
     ("[" * 200_000 + "]" * 200_000, ["nested too deeply"]),
 ], ids=["5000-digit-number", "deep-nesting"])
 def test_a_bpe_file_with_a_huge_number_or_deep_nesting_is_one_line(tmp_path, text, words):
@@ -316,3 +316,21 @@ def test_tinytf_prepare_names_utf16_data_in_one_line(data_dir, tmp_path):
                             timeout=300)
     _one_line_exit_2(result, "train.de", "UTF-16 text")
     assert not (tmp_path / "run" / "bpe.json").exists()
+
+
+def test_a_resume_from_a_forged_model_config_builds_nothing(data_dir, tmp_path, capsys):
+    """train.py --resume of a checkpoint whose model_config claims d_model 65536: one line
+    before the model is built."""
+    from train_support import _train_tiny
+    run = tmp_path / "run"
+    code, _, err = _train_tiny(capsys, data_dir, run, "--max-steps", "1")
+    assert code == 0, err
+    path = run / checkpoint.LAST
+    with np.load(path) as z:
+        config = json.loads(str(z["meta/model_config"][()]))
+    config["d_model"] = 65536
+    _rewrite(path, "meta/model_config.npy", _npy(np.array(json.dumps(config))))
+    code, _, err = _train_tiny(capsys, data_dir, run, "--max-steps", "2", "--resume")
+    last = err.strip().splitlines()[-1]     # after the run's progress lines
+    assert code == 2 and "error:" in last and "d_model 65536" in last, err
+    assert "Traceback" not in err

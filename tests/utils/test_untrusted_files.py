@@ -113,10 +113,15 @@ def test_a_mutated_bpe_file_loads_or_is_refused(valid, tmp_path, edits):
     _, _, data = valid
     path = tmp_path / "bpe.json"
     path.write_bytes(_mutate(data, edits))
+    tracemalloc.start()
     try:
         BPE.load(str(path))
     except BPEFileError as e:
         assert str(path) in str(e)
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < PEAK, f"{path}: loading allocated {peak:,} bytes"
 
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),

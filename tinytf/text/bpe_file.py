@@ -88,7 +88,8 @@ def _read_json(path):
         raise BPEFileError(path, f"{problem} (line {e.lineno}, column {e.colno}: {e.msg})") \
             from None
     except ValueError as e:    # an integer of over 4,300 digits (Python 3.11's limit)
-        raise BPEFileError(path, f"not a tinytf BPE model ({str(e)[:120]})") from None
+        what = "a number of over 4,300 digits" if "digits" in str(e) else str(e)[:120]
+        raise BPEFileError(path, f"{what}; not a tinytf BPE model") from None
 
 
 def load(cls, path):

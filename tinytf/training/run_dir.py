@@ -204,6 +204,9 @@ def resumed_model_config(ckpt, wanted, bpe_sha: str, run_dir: str, given=()):
     check_resumable(ckpt, bpe_sha, run_dir)
     stored = ckpt.meta["model_config"]
     saved = type(wanted).from_dict(stored)
+    problem = saved.mismatch(ckpt.model)    # before the model is built from it
+    if problem:
+        raise TrainError(f"{ckpt.path}: {problem}")
     asked = wanted.to_dict()
     diff = {k: (v, asked[k]) for k, v in saved.to_dict().items()
             if asked[k] != v and (k in stored or k in given)}
