@@ -153,3 +153,20 @@ def test_a_corpus_header_with_a_field_of_any_value_is_stale_or_opens(tmp_path_fa
     if reason is None:
         corpus = corpus_file.open_corpus(str(path))
         assert len(corpus) == 2
+
+
+def test_a_member_whose_header_is_not_python_literal_is_refused(valid):
+    """Found by the test above: NumPy reads an .npy header with ast.literal_eval, which a
+    NUL byte or an unclosed bracket makes raise SyntaxError or TokenError, not ValueError."""
+    run, data, _ = valid
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        members = {i.filename: z.read(i) for i in z.infolist()}
+    name = next(k for k in sorted(members) if k.startswith("model/"))
+    for header in (b"{'descr': '<f4', \x00", b"{'descr': ['<f4', "):
+        members[name] = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
+        path = run / "forged-header.npz"
+        with zipfile.ZipFile(path, "w") as z:
+            for key, value in members.items():
+                z.writestr(key, value)
+        with pytest.raises(checkpoint.CheckpointError, match="not a NumPy array"):
+            checkpoint.load(path)

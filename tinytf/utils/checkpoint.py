@@ -228,9 +228,10 @@ def check_members(path) -> None:
                     read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                             else np.lib.format.read_array_header_2_0)
                     shape, _, dtype = read(member, max_header_size=1 << 16)
-                except ValueError as e:
+                except Exception as e:  # noqa: BLE001 - NumPy parses the header with
+                    # ast.literal_eval: a forged one raises ValueError, SyntaxError, TokenError...
                     raise CheckpointError(f"{path}: member {info.filename}: not a NumPy array "
-                                          f"({e})") from None
+                                          f"({type(e).__name__}: {str(e)[:100]})") from None
                 if dtype.hasobject:
                     raise CheckpointError(f"{path}: member {info.filename}: an object array "
                                           "(a pickle), which tinytf never writes nor loads")
