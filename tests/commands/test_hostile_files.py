@@ -72,6 +72,26 @@ def _rewrite(path, member, data: bytes):
             z.writestr(name, value)
 
 
+def _forge_terabyte_header(path):
+    """``path`` with its embedding's .npy header claiming shape (10^12,) over 64 bytes."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
+                                                  "shape": (10 ** 12,)})
+    _rewrite(path, "model/embed.weight.npy", header.getvalue() + b"\0" * 64)
+    return path
+
+
+def _run_with_a_link(tmp_path, name):
+    """(run directory, outside file): the run's ``name`` is a symbolic link to the file,
+    which holds "keep"."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink(outside, run / name)
+    return run, outside
+
+
 def _npy(array) -> bytes:
     out = io.BytesIO()
     np.lib.format.write_array(out, array, allow_pickle=False)
@@ -80,11 +100,7 @@ def _npy(array) -> bytes:
 
 def test_an_array_header_that_claims_a_terabyte_is_refused_before_loading(run_dir, tmp_path):
     run = _copy(run_dir, tmp_path)
-    path = run / checkpoint.LAST
-    header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
-                                                  "shape": (10 ** 12,)})
-    _rewrite(path, "model/embed.weight.npy", header.getvalue() + b"\0" * 64)
+    path = _forge_terabyte_header(run / checkpoint.LAST)
     err = _one_line_exit_2(_translate("--model", str(run)), str(path), "embed.weight",
                            "claims shape (1000000000000,)")
     assert "MemoryError" not in err
@@ -170,11 +186,7 @@ def test_a_lock_that_is_a_link_out_of_the_run_directory_is_refused(data_dir, tmp
     """train.lock replaced by a symbolic link: the run refuses it in one line and the
     link's target is not truncated nor written (it used to receive the PID)."""
     from train_support import _train_tiny
-    outside = tmp_path / "outside.txt"
-    outside.write_text("keep\n")
-    run = tmp_path / "run"
-    run.mkdir()
-    os.symlink(outside, run / "train.lock")
+    run, outside = _run_with_a_link(tmp_path, "train.lock")
     code, _, err = _train_tiny(capsys, data_dir, run, "--max-steps", "1")
     assert code == 2 and "train.lock" in err and "symbolic link" in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
@@ -186,11 +198,7 @@ def test_a_log_that_is_a_link_out_of_the_run_directory_is_not_written(
     """train.log replaced by a symbolic link: the run trains on, says once that it cannot
     write the log there, and writes nothing outside the run directory."""
     from train_support import _train_tiny
-    outside = tmp_path / "outside.txt"
-    outside.write_text("keep\n")
-    run = tmp_path / "run"
-    run.mkdir()
-    os.symlink(outside, run / "train.log")
+    run, outside = _run_with_a_link(tmp_path, "train.log")
     code, out, err = _train_tiny(capsys, data_dir, run, "--max-steps", "2")
     assert code == 0, err
     assert json.loads(out.strip().splitlines()[-1])["steps"] == 2
@@ -293,11 +301,7 @@ def test_a_stale_corpus_that_was_a_link_is_replaced_and_its_target_left_alone(tm
 
 def test_tinytf_average_refuses_a_forged_array_header_in_one_line(run_dir, tmp_path):
     run = _copy(run_dir, tmp_path)
-    path = run / checkpoint.LAST
-    header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
-                                                  "shape": (10 ** 12,)})
-    _rewrite(path, "model/embed.weight.npy", header.getvalue() + b"\0" * 64)
+    path = _forge_terabyte_header(run / checkpoint.LAST)
     code = (LIMIT + "import sys; from tinytf.commands.average import main; "
             "sys.exit(main(sys.argv[1:]))")
     result = subprocess.run([sys.executable, "-c", code, "--inputs", str(path), str(path),

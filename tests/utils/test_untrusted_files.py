@@ -2,6 +2,7 @@
 bytes re-zipped with fresh checksums), a bpe.json and a prepared corpus's header. Each
 mutant loads, or is refused with the reader's own error naming the file; never another
 exception, and never an allocation beyond what the (small) file holds."""
+import contextlib
 import io
 import json
 import os
@@ -56,6 +57,20 @@ def _mutate(data: bytes, edits) -> bytes:
     return bytes(out)
 
 
+def _members(data: bytes) -> dict:
+    """{name: bytes} of the zip archive ``data``."""
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        return {i.filename: z.read(i) for i in z.infolist()}
+
+
+def _zip(path, members: dict):
+    """``members`` written as the zip archive ``path`` (fresh checksums); returns it."""
+    with zipfile.ZipFile(path, "w") as z:
+        for key, value in members.items():
+            z.writestr(key, value)
+    return path
+
+
 EDITS = st.lists(st.tuples(st.floats(0, 1, exclude_max=True),
                            st.one_of(st.none(), st.binary(min_size=1, max_size=8)),
                            st.integers(0, 8)), min_size=1, max_size=4)
@@ -66,19 +81,27 @@ PEAK = 64 << 20
 counts NumPy's arrays too): a claim in the file is checked before it is believed."""
 
 
-def _load(path, run):
-    """Translator.load of ``path`` with the run's BPE: a model, or the readers' refusals;
-    either way within :data:`PEAK` bytes."""
+@contextlib.contextmanager
+def within_peak(path):
+    """The block allocates less than :data:`PEAK` bytes (reading ``path``)."""
     tracemalloc.start()
     try:
-        return Translator.load(str(path))
-    except (TranslationError, BPEFileError, checkpoint.CheckpointError) as e:
-        assert str(path) in str(e) or str(run) in str(e), e
-        return None
+        yield
     finally:
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         assert peak < PEAK, f"{path}: loading allocated {peak:,} bytes"
+
+
+def _load(path, run):
+    """Translator.load of ``path`` with the run's BPE: a model, or the readers' refusals;
+    either way within :data:`PEAK` bytes."""
+    with within_peak(path):
+        try:
+            return Translator.load(str(path))
+        except (TranslationError, BPEFileError, checkpoint.CheckpointError) as e:
+            assert str(path) in str(e) or str(run) in str(e), e
+            return None
 
 
 @SETTINGS
@@ -96,15 +119,10 @@ def test_a_checkpoint_with_a_mutated_member_loads_or_is_refused(valid, member, e
     """The member's bytes change but the archive's checksums are right: the headers and
     the metadata are what is tested, not zip's CRC."""
     run, data, _ = valid
-    with zipfile.ZipFile(io.BytesIO(data)) as z:
-        members = {i.filename: z.read(i) for i in z.infolist()}
+    members = _members(data)
     name = sorted(members)[member % len(members)]
     members[name] = _mutate(members[name], edits)
-    path = run / "member-mutant.npz"
-    with zipfile.ZipFile(path, "w") as z:
-        for key, value in members.items():
-            z.writestr(key, value)
-    _load(path, run)
+    _load(_zip(run / "member-mutant.npz", members), run)
 
 
 @SETTINGS
@@ -113,15 +131,11 @@ def test_a_mutated_bpe_file_loads_or_is_refused(valid, tmp_path, edits):
     _, _, data = valid
     path = tmp_path / "bpe.json"
     path.write_bytes(_mutate(data, edits))
-    tracemalloc.start()
-    try:
-        BPE.load(str(path))
-    except BPEFileError as e:
-        assert str(path) in str(e)
-    finally:
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-        assert peak < PEAK, f"{path}: loading allocated {peak:,} bytes"
+    with within_peak(path):
+        try:
+            BPE.load(str(path))
+        except BPEFileError as e:
+            assert str(path) in str(e)
 
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
@@ -159,14 +173,10 @@ def test_a_member_whose_header_is_not_python_literal_is_refused(valid):
     """Found by the test above: NumPy reads an .npy header with ast.literal_eval, which a
     NUL byte or an unclosed bracket makes raise SyntaxError or TokenError, not ValueError."""
     run, data, _ = valid
-    with zipfile.ZipFile(io.BytesIO(data)) as z:
-        members = {i.filename: z.read(i) for i in z.infolist()}
+    members = _members(data)
     name = next(k for k in sorted(members) if k.startswith("model/"))
     for header in (b"{'descr': '<f4', \x00", b"{'descr': ['<f4', "):
         members[name] = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
-        path = run / "forged-header.npz"
-        with zipfile.ZipFile(path, "w") as z:
-            for key, value in members.items():
-                z.writestr(key, value)
+        path = _zip(run / "forged-header.npz", members)
         with pytest.raises(checkpoint.CheckpointError, match="not a NumPy array"):
             checkpoint.load(path)
