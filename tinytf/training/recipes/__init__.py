@@ -40,5 +40,5 @@ def recipe_for(cfg, model_cfg) -> Recipe:
     """The recipe of a resolved ``cfg`` (a :class:`~tinytf.training.config.TrainConfig`)
     for a model of ``model_cfg``: the tiny recipe's budget rules where its options ask for
     them (the ``tiny`` preset's defaults do), else the plain :class:`Recipe`."""
-    from tinytf.training.recipes.tiny import TinyRecipe  # noqa: PLC0415 - below this package
+    from tinytf.training.recipes.tiny import TinyRecipe  # noqa: PLC0415 - it subclasses Recipe
     return TinyRecipe(cfg, model_cfg) if TinyRecipe.applies(cfg, model_cfg) else Recipe()
