@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tinytf
-from tinytf import Tensor, nn, optim
+from tinytf import Function, Tensor, nn, optim
 from tinytf import functional as F
 
 
@@ -339,3 +339,77 @@ def test_op_outputs_are_arrays_even_from_full_reductions():
     assert isinstance(s.data, np.ndarray) and s.data.shape == () and s.dtype == np.float32
     with tinytf.no_grad():
         assert isinstance(x.sum().data, np.ndarray)
+
+
+# ---- Function.apply's guard rails -----------------------------------------------------------
+
+class _Scale(Function):
+    """x * 2 (+ b): b is optional (None), as a layer's bias is."""
+
+    def forward(self, x, b=None):
+        return x * 2 if b is None else x * 2 + b
+
+    def backward(self, grad):
+        return grad * 2, (None if self.inputs[1] is None else grad)
+
+
+class _ShortBackward(Function):
+    """x * y whose backward forgets y's gradient."""
+
+    def forward(self, x, y):
+        self.save_for_backward(x, y)
+        return x * y
+
+    def backward(self, grad):
+        return (grad * self.saved[1],)
+
+
+class _ReturnsTensor(Function):
+    def forward(self, x):
+        return Tensor(x * 2)
+
+    def backward(self, grad):
+        return grad * 2
+
+
+class _Upcasts(Function):
+    def forward(self, x):
+        return x * np.float64(2.0)     # a float64 constant promotes float32 to float64
+
+    def backward(self, grad):
+        return grad * 2
+
+
+def test_a_backward_with_too_few_gradients_is_an_error_naming_the_op():
+    x = Tensor(np.ones(3, np.float32), requires_grad=True)
+    y = Tensor(np.ones(3, np.float32), requires_grad=True)
+    with pytest.raises(TypeError, match=r"_ShortBackward.backward returned 1 gradients for 2"):
+        _ShortBackward.apply(x, y).sum().backward()
+
+
+def test_a_tensor_as_a_keyword_argument_is_refused():
+    x = Tensor(np.ones(3, np.float32), requires_grad=True)
+    with pytest.raises(TypeError, match=r"_Scale.apply: keyword argument 'b' is a Tensor"):
+        _Scale.apply(x, b=Tensor(np.ones(3, np.float32)))
+
+
+def test_a_forward_that_returns_a_tensor_is_refused():
+    with pytest.raises(TypeError, match=r"_ReturnsTensor.forward returned a Tensor"):
+        _ReturnsTensor.apply(Tensor(np.ones(3, np.float32), requires_grad=True))
+
+
+def test_a_forward_that_upcasts_float32_to_float64_is_refused():
+    with pytest.raises(TypeError, match=r"_Upcasts.forward returned float64 from float32"):
+        _Upcasts.apply(Tensor(np.ones(3, np.float32), requires_grad=True))
+    out = _Upcasts.apply(Tensor(np.ones(3, np.float64), requires_grad=True))  # float64 in
+    assert out.dtype == np.float64
+
+
+def test_none_and_constants_are_positional_inputs_without_a_gradient():
+    x = Tensor(np.arange(3, dtype=np.float32), requires_grad=True)
+    y = _Scale.apply(x, None)                  # an optional bias left out
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad, [2, 2, 2])
+    x.grad = None
+    _Scale.apply(x, np.ones(3, np.float32)).sum().backward()   # a constant array
+    np.testing.assert_array_equal(x.grad, [2, 2, 2])

@@ -60,10 +60,12 @@ class Function:
     """
 
     n_outputs = 1  # set by ``apply`` when forward returns a tuple
+    changes_dtype = False  # True for an op whose output may be wider than its inputs (Cast)
 
     def __init__(self, *inputs: "Tensor"):
         self.inputs = inputs
-        self.needs_input_grad = tuple(t.requires_grad for t in inputs)
+        self.needs_input_grad = tuple(isinstance(t, Tensor) and t.requires_grad
+                                      for t in inputs)
         self.saved: tuple = ()
 
     def save_for_backward(self, *arrays) -> None:
@@ -78,9 +80,20 @@ class Function:
 
     @classmethod
     def apply(cls, *inputs: "Tensor", **kwargs) -> "Tensor":
-        """Run the op on ``inputs`` (Tensors) and record it when a gradient is needed."""
+        """Run the op on ``inputs`` and record it when a gradient is needed.
+
+        Positional inputs are Tensors, or constants (``None``, arrays, numbers) that get no
+        gradient; keyword arguments are options, never Tensors. A TypeError names the op
+        when ``forward`` returns a Tensor instead of an array, or a float64 array from
+        narrower floating inputs (an accidental upcast; ``changes_dtype`` allows it), and,
+        in backward, when ``backward`` returns another number of gradients than inputs."""
+        for key, value in kwargs.items():
+            if isinstance(value, Tensor):
+                raise TypeError(f"{cls.__name__}.apply: keyword argument {key!r} is a Tensor; "
+                                "pass tensors positionally (or its .data as a constant)")
         ctx = cls(*inputs)
-        out = ctx.forward(*(t.data for t in inputs), **kwargs)
+        out = ctx.forward(*(t.data if isinstance(t, Tensor) else t for t in inputs), **kwargs)
+        _check_outputs(cls, out, inputs)
         requires_grad = _grad_enabled and any(ctx.needs_input_grad)
         if isinstance(out, tuple):  # several outputs: each records its place in the tuple
             results = tuple(Tensor._of_op(o, ctx if requires_grad else None) for o in out)
@@ -90,6 +103,22 @@ class Function:
                     result._output_index = i
             return results
         return Tensor._of_op(out, ctx if requires_grad else None)
+
+
+def _check_outputs(cls, out, inputs) -> None:
+    """What ``apply`` refuses of ``cls.forward``'s result ``out``: a Tensor (it would nest
+    and lose its gradient), or a float64 array where every floating input is narrower."""
+    for o in out if isinstance(out, tuple) else (out,):
+        if isinstance(o, Tensor):
+            raise TypeError(f"{cls.__name__}.forward returned a Tensor; forward works on "
+                            "arrays and must return arrays (use .data)")
+        if getattr(o, "dtype", None) == np.float64 and not cls.changes_dtype:
+            widths = [t.dtype.itemsize for t in inputs if isinstance(t, Tensor)
+                      and t.dtype.kind == "f"]
+            if widths and max(widths) < 8:
+                raise TypeError(f"{cls.__name__}.forward returned float64 from float"
+                                f"{8 * max(widths)} inputs: an upcast (a float64 constant?); "
+                                "set changes_dtype = True on the op if it is meant")
 
 
 def _as_array(data, dtype=None):
@@ -211,6 +240,10 @@ class Tensor:
             in_grads = ctx.backward(g)
             if not isinstance(in_grads, tuple):
                 in_grads = (in_grads,)
+            if len(in_grads) != len(ctx.inputs):
+                raise TypeError(f"{type(ctx).__name__}.backward returned {len(in_grads)} "
+                                f"gradients for {len(ctx.inputs)} inputs (None for an input "
+                                "without one)")
             for inp, ig, needed in zip(ctx.inputs, in_grads, ctx.needs_input_grad):
                 if needed and ig is not None:
                     assert ig.shape == inp.shape, \
@@ -381,7 +414,8 @@ def _topological_order(root: Tensor) -> list:
         stack.append((node, True))
         if node._ctx is not None:
             for parent in node._ctx.inputs:
-                if parent.requires_grad and id(parent) not in visited:
+                if isinstance(parent, Tensor) and parent.requires_grad \
+                        and id(parent) not in visited:
                     stack.append((parent, False))
     return order
 

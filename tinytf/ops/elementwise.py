@@ -199,6 +199,8 @@ def relu_grad(y, grad):
 class Cast(Function):
     """x converted to another float dtype; the gradient is converted back."""
 
+    changes_dtype = True
+
     def forward(self, x, dtype):
         self.in_dtype = x.dtype
         return x.astype(dtype)
