@@ -105,14 +105,18 @@ class Function:
         return Tensor._of_op(out, ctx if requires_grad else None)
 
 
+_FLOAT64 = np.dtype(np.float64)
+
+
 def _check_outputs(cls, out, inputs) -> None:
     """What ``apply`` refuses of ``cls.forward``'s result ``out``: a Tensor (it would nest
-    and lose its gradient), or a float64 array where every floating input is narrower."""
-    for o in out if isinstance(out, tuple) else (out,):
+    and lose its gradient), or a float64 array where every floating input is narrower.
+    (Runs for every op: a few hundred nanoseconds.)"""
+    for o in out if type(out) is tuple else (out,):
         if isinstance(o, Tensor):
             raise TypeError(f"{cls.__name__}.forward returned a Tensor; forward works on "
                             "arrays and must return arrays (use .data)")
-        if getattr(o, "dtype", None) == np.float64 and not cls.changes_dtype:
+        if getattr(o, "dtype", None) is _FLOAT64 and not cls.changes_dtype:
             widths = [t.dtype.itemsize for t in inputs if isinstance(t, Tensor)
                       and t.dtype.kind == "f"]
             if widths and max(widths) < 8:
