@@ -338,3 +338,17 @@ def test_a_resume_from_a_forged_model_config_builds_nothing(data_dir, tmp_path, 
     last = err.strip().splitlines()[-1]     # after the run's progress lines
     assert code == 2 and "error:" in last and "d_model 65536" in last, err
     assert "Traceback" not in err
+
+
+def test_run_files_nested_too_deeply_read_as_unreadable(tmp_path):
+    """The run directory's own JSON (a corpus header, summary.json) nested 200,000 deep is
+    unreadable, as a damaged one is (the corpus is encoded again, the summary ignored),
+    not a RecursionError traceback."""
+    from tinytf.data import corpus_file
+    from tinytf.training import run_dir
+    deep = "[" * 200_000 + "]" * 200_000
+    (tmp_path / corpus_file.HEADER).write_text(deep)
+    assert corpus_file.read_header(str(tmp_path)) is None
+    assert corpus_file.stale_reason(str(tmp_path), "x", [], 16) == "no readable header"
+    (tmp_path / run_dir.SUMMARY_FILE).write_text(deep)
+    assert run_dir.finished_summary(str(tmp_path), 1) is None

@@ -118,12 +118,12 @@ def count_lines(path, block_bytes=1 << 24) -> int:
     """The number of lines of ``path`` (a last line without ``\\n`` counts), read in blocks;
     a :class:`DataError` where the bytes are not text (:func:`text_problem`: checked on the
     first block for byte-order marks and CR-only line ends, on every block for NUL)."""
-    count, last = 0, b"\n"
+    count, last, first = 0, b"\n", True
     with open(path, "rb") as f:
         while block := f.read(block_bytes):
-            text_problem(block, path, count, at_start=count == 0 and last == b"\n")
+            text_problem(block, path, count, at_start=first)
             count += block.count(b"\n")
-            last = block[-1:]
+            last, first = block[-1:], False
     return count + (last != b"\n")
 
 

@@ -193,7 +193,7 @@ def read_header(path) -> dict | None:
     try:
         with open(os.path.join(path, HEADER), encoding="utf-8") as f:
             header = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):   # RecursionError: nested too deeply
         return None
     return header if isinstance(header, dict) else None
 

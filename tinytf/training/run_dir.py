@@ -144,7 +144,7 @@ def _why_learn_again(cfg, path, train_pair) -> str | None:
         if record["bpe_sha256"] != checkpoint.sha256_file(path) or not all(
                 isinstance(source, dict) for source in record["sources"]):
             record = None                     # a record of another BPE file than this one
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         record = None
     earlier = record["vocab_size"] if record else _earlier_vocab_size(cfg.out)
     if earlier is not None and earlier != cfg.vocab_size:
@@ -169,7 +169,7 @@ def _earlier_vocab_size(run_dir: str):
     try:
         with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
             return json.load(f)["options"]["vocab_size"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
 
 
@@ -452,7 +452,7 @@ def finished_summary(run_dir: str, step: int) -> dict | None:
     try:
         with open(os.path.join(run_dir, SUMMARY_FILE), encoding="utf-8") as f:
             summary = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):   # RecursionError: nested too deeply
         return None
     return summary if isinstance(summary, dict) and summary.get("steps") == step else None
 

@@ -20,14 +20,15 @@ _FLAGS = {"a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
 def open_own(path, mode: str = "a"):
     """``open(path, mode)`` for ``mode`` "a" or "a+" (text, UTF-8), refusing a symbolic
     link in place of the file with an OSError whose message says so."""
+    link = OSError(errno.ELOOP, "a symbolic link, which a run directory's files never follow",
+                   os.fspath(path))
     if not NOFOLLOW and os.path.islink(path):
-        raise OSError(errno.ELOOP, "a symbolic link, which a run directory's files never "
-                                   "follow", os.fspath(path))
+        raise link
     try:
         fd = os.open(path, _FLAGS[mode] | NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
     except OSError as e:
-        if e.errno == errno.ELOOP or (os.path.islink(path) and e.errno in (errno.EMLINK,)):
-            raise OSError(errno.ELOOP, "a symbolic link, which a run directory's files never "
-                                       "follow", os.fspath(path)) from None
+        # Linux says ELOOP for a link under O_NOFOLLOW; FreeBSD says EMLINK.
+        if e.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):
+            raise link from None
         raise
     return os.fdopen(fd, mode, encoding="utf-8")
