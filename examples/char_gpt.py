@@ -141,11 +141,11 @@ class CausalSelfAttention(nn.Module):
         h = self.n_head
         qkv = self.c_attn(x)                                          # (B, T, 3C)
         # (B, T, 3C) -> (3, B, h, T, C/h): one reshape and transpose for q, k and v.
-        qkv = qkv.reshape(b, t, 3, h, c // h).transpose(2, 0, 3, 1, 4)
+        qkv = qkv.reshape(b, t, 3, h, c // h).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]                              # (B, h, T, C/h)
         y = F.attention(q, k, v, mask=causal_mask(t), dropout=self.dropout,
                         training=self.training)                       # (B, h, T, C/h)
-        y = y.transpose(0, 2, 1, 3).reshape(b, t, c)                  # (B, T, C)
+        y = y.permute(0, 2, 1, 3).reshape(b, t, c)                  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
 

@@ -42,11 +42,18 @@ _PUBLIC = {   # name -> (module, attribute or None for the module itself)
     "stack": ("tinytf.nn.functional", "stack"),
     "where": ("tinytf.nn.functional", "where"),
     "backend": ("tinytf.engine.backend", None),
+    "gradcheck": ("tinytf.engine.gradcheck", "gradcheck"),
+    "gradcheck_module": ("tinytf.engine.gradcheck", "gradcheck_module"),
+    **{name: ("tinytf.engine.creation", name) for name in (
+        "zeros", "ones", "full", "rand", "randn", "arange", "zeros_like", "ones_like",
+        "full_like", "rand_like", "randn_like")},
     "functional": ("tinytf.nn.functional", None),
 }
 
 __all__ = ["Tensor", "Function", "tensor", "no_grad", "is_grad_enabled", "manual_seed",
-           "cat", "split", "stack", "where", "backend", "functional", "nn", "optim", "__version__"]
+           "cat", "split", "stack", "where", "backend", "functional", "nn", "optim", "__version__",
+           "gradcheck", "gradcheck_module", "zeros", "ones", "full", "rand", "randn", "arange",
+           "zeros_like", "ones_like", "full_like", "rand_like", "randn_like"]
 
 
 def __getattr__(name: str):

@@ -24,18 +24,19 @@ class FusedAdam(Adam):
         return all(p.dtype == np.float32 for p in tensors) and \
             kernels.fused(*(p.data for p in tensors))
 
-    def _update(self, p, g, m, v, skip=None) -> None:
-        lr, eps = self.step_scalars()      # (RAdam's too: only the scalars differ)
+    def _update(self, p, g, m, v, skip=None, group=None) -> None:
+        group = self.param_groups[0] if group is None else group
+        lr, eps = self.step_scalars(group)      # (RAdam's too: only the scalars differ)
+        betas = group["betas"]
         if kernels.fused(p, g) and p.dtype == np.float32:
-            kernels.adam_step(p, g, m, v, lr, self.betas, eps, self.step_count,
-                              found_inf=skip)
+            kernels.adam_step(p, g, m, v, lr, betas, eps, self.step_count, found_inf=skip)
             return
         if all(type(a) is np.ndarray and a.ndim == 1 for a in (p, g, m, v)):
             # The flat buffers on the CPU: Adam is elementwise, so ranges of them update in
             # threads (tinytf.fast.threads), bitwise as one call would.
             def update(lo, hi):
-                adam_update(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], lr, self.betas, eps,
+                adam_update(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], lr, betas, eps,
                             self.step_count)
             parallel_rows(update, p.size)
             return
-        super()._update(p, g, m, v)
+        super()._update(p, g, m, v, group=group)

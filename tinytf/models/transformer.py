@@ -352,10 +352,10 @@ class MultiHeadAttention(nn.Module):
         every memory row g times."""
         (b, h, t, d), m = q.shape, k.shape[0]
         g = b // m
-        blocks = q.reshape(m, g, h, t, d).transpose(0, 2, 1, 3, 4).reshape(m, h, g * t, d)
+        blocks = q.reshape(m, g, h, t, d).permute(0, 2, 1, 3, 4).reshape(m, h, g * t, d)
         y = F.attention(blocks, k, v, mask=mask, dropout=self.attention_dropout,
                         training=self.training)            # (M, h, g*T, d_k)
-        return y.reshape(m, h, g, t, d).transpose(0, 2, 1, 3, 4).reshape(b, h, t, d)
+        return y.reshape(m, h, g, t, d).permute(0, 2, 1, 3, 4).reshape(b, h, t, d)
 
 
 # --------------------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 A :class:`Module` finds its parameters by looking at its attributes: every
 :class:`Parameter` is one, every sub-:class:`Module` contributes its own under a dotted
 prefix. ``named_parameters()`` is sorted by name, so every process (and every MPI rank)
-walks parameters in the same order. Arrays that are not learned (a positional-encoding
-table, say) are plain ndarray attributes: ``to(device)`` moves them too.
+walks parameters in the same order. State that is not learned but belongs in the
+``state_dict`` (a running statistic) is a buffer (:meth:`Module.register_buffer`); arrays
+that are neither (a positional-encoding table, say) are plain ndarray attributes:
+``to(device)`` moves both. ``repr(module)`` prints the tree, as PyTorch's does.
 """
 from __future__ import annotations
 
@@ -34,6 +36,35 @@ class Module:
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        """This module's settings for its repr, e.g. ``in_features=4, out_features=3``."""
+        return ""
+
+    def __repr__(self) -> str:
+        head = f"{type(self).__name__}({self.extra_repr()}"
+        children = [(n, m) for n, m in self._children() if isinstance(m, Module)]
+        if not children:
+            return head + ")"
+        lines = [f"  ({name}): " + repr(m).replace("\n", "\n  ") for name, m in children]
+        return "\n".join([head] + lines) + "\n)"
+
+    def register_buffer(self, name: str, value) -> None:
+        """Keep ``value`` (an array or Tensor, or None) as attribute ``name``: saved in the
+        ``state_dict`` and moved by ``to``, but never a parameter (no gradient, not trained)."""
+        if value is not None:
+            value = value.detach() if isinstance(value, Tensor) else Tensor(value)
+        self.__dict__.setdefault("_buffers", set()).add(name)
+        setattr(self, name, value)
+
+    def named_buffers(self) -> list:
+        """[(dotted name, buffer Tensor)] of this module and its sub-modules, by name."""
+        found = []
+        for prefix, module in self.named_modules():
+            for name in sorted(vars(module).get("_buffers", ())):
+                if getattr(module, name) is not None:
+                    found.append((prefix + name, getattr(module, name)))
+        return found
 
     def _children(self):
         """(name, value) for every attribute that is a Parameter or Module, by name."""
@@ -81,8 +112,9 @@ class Module:
         return self.train(False)
 
     def state_dict(self) -> dict:
-        """{name: NumPy copy of the parameter}, in sorted order."""
-        return {name: backend.to_numpy(p.data).copy() for name, p in self.named_parameters()}
+        """{name: NumPy copy}: the parameters in sorted order, then the buffers."""
+        return {name: backend.to_numpy(p.data).copy()
+                for name, p in self.named_parameters() + self.named_buffers()}
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
         """Copy arrays from ``state`` into the parameters (keeping each parameter's dtype).
@@ -90,7 +122,7 @@ class Module:
         Raises KeyError listing missing / unexpected names (when ``strict``) and ValueError
         naming a parameter whose shape differs.
         """
-        params = dict(self.named_parameters())
+        params = dict(self.named_parameters() + self.named_buffers())
         missing = sorted(set(params) - set(state))
         unexpected = sorted(set(state) - set(params))
         if strict and (missing or unexpected):
@@ -109,7 +141,8 @@ class Module:
         """Move every parameter and array attribute to ``device`` ("cpu" or "gpu")."""
         for _, module in self.named_modules():
             for name, value in list(vars(module).items()):
-                if isinstance(value, Parameter):
+                if isinstance(value, Tensor) and (isinstance(value, Parameter)
+                                                  or name in vars(module).get("_buffers", ())):
                     value.data = backend.to_device(value.data, device)
                     if value.grad is not None:
                         value.grad = backend.to_device(value.grad, device)
@@ -122,7 +155,8 @@ class Module:
         """Cast every floating parameter and array attribute (float64 for gradient checks)."""
         for _, module in self.named_modules():
             for name, value in list(vars(module).items()):
-                if isinstance(value, Parameter):
+                if isinstance(value, Parameter) or (isinstance(value, Tensor) and name in vars(
+                        module).get("_buffers", ()) and value.dtype.kind == "f"):
                     value.data = value.data.astype(dtype)
                 elif hasattr(value, "dtype") and not isinstance(value, Tensor) and \
                         getattr(value.dtype, "kind", "") == "f":
@@ -167,6 +201,47 @@ class Sequential(ModuleList):
         for m in self:
             x = m(x)
         return x
+
+
+class ModuleDict(Module):
+    """Modules by name, registered as children under their keys (insertion order kept)."""
+
+    def __init__(self, modules=None):
+        self._items = {}
+        for key, module in dict(modules or {}).items():
+            self[key] = module
+
+    def __setitem__(self, key: str, module: Module) -> None:
+        if not isinstance(module, Module):
+            raise TypeError(f"ModuleDict[{key!r}]: {type(module).__name__} is not a Module")
+        self._items[str(key)] = module
+
+    def _children(self):
+        return list(self._items.items())
+
+    def __getitem__(self, key: str) -> Module:
+        return self._items[key]
+
+    def __contains__(self, key) -> bool:
+        return key in self._items
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self):
+        return len(self._items)
+
+    def keys(self):
+        """The names."""
+        return self._items.keys()
+
+    def values(self):
+        """The modules."""
+        return self._items.values()
+
+    def items(self):
+        """(name, module) pairs."""
+        return self._items.items()
 
 
 # ----- initialisation ----------------------------------------------------------------
@@ -217,6 +292,7 @@ class Linear(Module):
     """y = x W^T + b, W (out, in). Init as PyTorch: U(-1/sqrt(in), 1/sqrt(in)) for W and b."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        self.in_features, self.out_features = in_features, out_features
         bound = 1.0 / math.sqrt(in_features)
         self.weight = init.uniform_(Parameter(np.zeros((out_features, in_features))),
                                     -bound, bound)
@@ -225,6 +301,10 @@ class Linear(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
 
 
 class Embedding(Module):
@@ -236,6 +316,9 @@ class Embedding(Module):
 
     def forward(self, ids) -> Tensor:
         return F.embedding(ids, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, {self.weight.shape[1]}"
 
 
 class LayerNorm(Module):
@@ -250,6 +333,9 @@ class LayerNorm(Module):
     def forward(self, x: Tensor) -> Tensor:
         return F.layer_norm(x, self.weight, self.bias, self.eps)
 
+    def extra_repr(self) -> str:
+        return f"({self.weight.shape[0]},), eps={self.eps:g}"
+
 
 class Dropout(Module):
     """Inverted dropout with probability ``p``, active only in training mode."""
@@ -260,9 +346,53 @@ class Dropout(Module):
     def forward(self, x: Tensor) -> Tensor:
         return F.dropout(x, self.p, self.training)
 
+    def extra_repr(self) -> str:
+        return f"p={self.p:g}"
+
 
 class ReLU(Module):
     """max(x, 0)."""
 
     def forward(self, x: Tensor) -> Tensor:
         return F.relu(x)
+
+
+class Sigmoid(Module):
+    """1 / (1 + e^-x)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.sigmoid(x)
+
+
+class Tanh(Module):
+    """tanh(x)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.tanh(x)
+
+
+class GELU(Module):
+    """GELU in its tanh form (:func:`~tinytf.nn.functional.gelu`)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.gelu(x)
+
+
+class SiLU(Module):
+    """x * sigmoid(x)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.silu(x)
+
+
+class Flatten(Module):
+    """Merge dimensions ``start_dim`` .. ``end_dim`` (by default all but the batch's)."""
+
+    def __init__(self, start_dim: int = 1, end_dim: int = -1):
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.flatten(self.start_dim, self.end_dim)
+
+    def extra_repr(self) -> str:
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"

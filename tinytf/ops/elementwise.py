@@ -207,3 +207,36 @@ class Cast(Function):
 
     def backward(self, grad):
         return grad.astype(self.in_dtype)
+
+
+class Abs(Function):
+    """|x|; d/dx = sign(x), 0 at 0 (as PyTorch)."""
+
+    def forward(self, x):
+        self.save_for_backward(x)
+        return get_array_module(x).abs(x)
+
+    def backward(self, grad):
+        return grad * get_array_module(grad).sign(self.saved[0])
+
+
+class Clamp(Function):
+    """min(max(x, low), high), either bound optional; the gradient passes where
+    low <= x <= high (bounds included, as PyTorch)."""
+
+    def forward(self, x, low=None, high=None):
+        xp = get_array_module(x)
+        if low is None and high is None:
+            raise ValueError("clamp: give min, max or both")
+        self.save_for_backward(x)
+        self.low, self.high = low, high
+        return xp.clip(x, low, high).astype(x.dtype, copy=False)
+
+    def backward(self, grad):
+        (x,) = self.saved
+        inside = True
+        if self.low is not None:
+            inside = x >= self.low
+        if self.high is not None:
+            inside = inside & (x <= self.high)
+        return grad * inside

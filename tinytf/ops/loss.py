@@ -1,8 +1,10 @@
-"""Label-smoothed cross-entropy (Szegedy et al. 2016; the paper's section 5.4)."""
+"""Losses with a fused backward: label-smoothed cross-entropy (Szegedy et al. 2016; the
+paper's section 5.4) and binary cross-entropy on logits."""
 from __future__ import annotations
 
 from tinytf.engine.backend import get_array_module
 from tinytf.engine.tensor import Function
+from tinytf.ops.activation import sigmoid
 
 
 class CrossEntropy(Function):
@@ -70,3 +72,30 @@ class CrossEntropy(Function):
     def backward(self, grad):
         scale = self.row_scale(grad)
         return self.probs * scale.astype(self.probs.dtype, copy=False)[:, None], None
+
+
+class BinaryCrossEntropyWithLogits(Function):
+    """-[y log s(x) + (1 - y) log(1 - s(x))] per element, s the logistic function, written
+    max(x, 0) - x y + log(1 + e^-|x|) so that no logarithm sees 0 (as PyTorch computes it);
+    d/dx = s(x) - y, d/dy = -x. ``reduction``: "mean" over all elements, "sum" or "none"."""
+
+    def forward(self, x, y, reduction="mean"):
+        if reduction not in ("none", "sum", "mean"):
+            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        if x.shape != y.shape:
+            raise ValueError(f"binary_cross_entropy_with_logits: logits {x.shape} and "
+                             f"targets {y.shape} differ in shape")
+        xp = get_array_module(x)
+        self.reduction = reduction
+        self.save_for_backward(x, y)
+        loss = xp.maximum(x, 0) - x * y + xp.log1p(xp.exp(-xp.abs(x)))
+        if reduction == "none":
+            return loss
+        return loss.sum() if reduction == "sum" else loss.mean()
+
+    def backward(self, grad):
+        x, y = self.saved
+        if self.reduction == "mean":
+            grad = grad / x.size
+        return ((sigmoid(x) - y) * grad if self.needs_input_grad[0] else None,
+                -x * grad if self.needs_input_grad[1] else None)

@@ -43,3 +43,23 @@ class LogSoftmax(Function):
         (y,) = self.saved
         xp = get_array_module(y)
         return grad - xp.exp(y) * grad.sum(axis=self.axis, keepdims=True)
+
+
+class LogSumExp(Function):
+    """y = log sum_j exp(x_j) over ``axis`` = m + log sum_j exp(x_j - m), m the maximum
+    (a row of -inf gives -inf); dy/dx_j = exp(x_j - y), the softmax."""
+
+    def forward(self, x, axis=-1, keepdims=False):
+        xp = get_array_module(x)
+        self.axis, self.keepdims = axis, keepdims
+        m = x.max(axis=axis, keepdims=True)
+        m = xp.where(xp.isfinite(m), m, 0)
+        y = m + xp.log(xp.exp(x - m).sum(axis=axis, keepdims=True))
+        self.save_for_backward(x, y)
+        return y if keepdims else y.squeeze(axis)
+
+    def backward(self, grad):
+        x, y = self.saved
+        xp = get_array_module(x)
+        g = grad if self.keepdims else xp.expand_dims(grad, self.axis)
+        return g * xp.exp(x - y)

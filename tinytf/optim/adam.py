@@ -7,6 +7,7 @@ import weakref
 import numpy as np
 
 from tinytf.engine import backend
+from tinytf.optim.optimizer import Optimizer
 from tinytf.optim.schedule import noam_lr  # noqa: F401 - re-exported: optim.noam_lr is public API
 
 
@@ -197,6 +198,15 @@ def clip_grad_norm(params, max_norm: float) -> float:
     return 0.0 if norm is None else float(norm)
 
 
+def clip_grad_value_(params, clip_value: float) -> None:
+    """Clamp every gradient of ``params`` into [-clip_value, clip_value], in place (as
+    ``torch.nn.utils.clip_grad_value_``)."""
+    xp = None
+    for g in gradient_arrays(params):
+        xp = xp or backend.get_array_module(g)
+        xp.clip(g, -clip_value, clip_value, out=g)
+
+
 def adam_update(p, g, m, v, lr: float, betas, eps: float, t: int) -> None:
     """Adam's update of one parameter array ``p`` at step ``t`` (1, 2, ...), in place:
 
@@ -254,11 +264,17 @@ def radam_rectifier(t: int, beta2: float) -> float:
                      / ((rho_inf - 4.0) * (rho_inf - 2.0) * rho_t))
 
 
-class Adam:
+class Adam(Optimizer):
     """Adam (Kingma & Ba 2015) with bias correction, as PyTorch implements it
-    (:func:`adam_update`). Defaults are the paper's: betas (0.9, 0.98), eps 1e-9. Moments
-    have the parameter's dtype (float32 normally); scalars stay Python floats so nothing
-    is upcast.
+    (:func:`adam_update`). Defaults are the paper's: betas (0.9, 0.98), eps 1e-9 (PyTorch's
+    are (0.9, 0.999), 1e-8). Moments have the parameter's dtype (float32 normally); scalars
+    stay Python floats so nothing is upcast.
+
+    ``weight_decay`` adds weight_decay * p to the gradient (an L2 penalty, as
+    ``torch.optim.Adam``); :class:`AdamW` decays the weights apart from the gradient instead.
+    Parameter groups (``[{"params": [...], "lr": ...}, ...]``) may set ``lr``, ``betas``,
+    ``eps`` and ``weight_decay`` of their own. The update count is one for the optimizer
+    (PyTorch keeps one per parameter: the same while every parameter gets a gradient).
 
     ``rectify=True`` is RAdam (Liu et al. 2020), as PyTorch's ``RAdam`` computes it past its
     first updates: the step times :func:`radam_rectifier`, with eps added to sqrt(v) before
@@ -269,27 +285,36 @@ class Adam:
     ``flat=True`` (the default) keeps parameters, gradients and moments in
     :class:`FlatParameters` buffers, built at the first step, and updates them all with one
     :func:`adam_update` call: the same arithmetic on the same numbers, in a few passes over
-    four arrays instead of a dozen operations per parameter. ``flat=False`` is the
-    per-parameter loop; tests/optim/test_optim.py proves the two equal.
+    four arrays instead of a dozen operations per parameter (with one parameter group).
+    ``flat=False`` is the per-parameter loop; tests/optim/test_optim.py proves the two equal.
     ``tinytf.fast.FusedAdam`` runs the update as one CUDA kernel.
     """
 
+    decoupled = False     # AdamW: decay the weights apart from the gradient
+
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.98), eps: float = 1e-9,
-                 flat: bool = True, rectify: bool = False):
-        self.params = _named(params)
-        self.lr, self.betas, self.eps = lr, tuple(betas), eps
+                 weight_decay: float = 0.0, flat: bool = True, rectify: bool = False):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay))
         self.rectify = rectify
         self.step_count = 0
         self.exp_avg = {n: None for n, _ in self.params}
         self.exp_avg_sq = {n: None for n, _ in self.params}
-        self.flat = flat and FlatParameters.supported([p for _, p in self.params])
+        self.flat = flat and len(self.param_groups) == 1 and \
+            FlatParameters.supported([p for _, p in self.params])
         self.flat_buffers = None
         """The :class:`FlatParameters` in use (``flat=True``, after the first step), or None."""
 
-    def zero_grad(self) -> None:
-        """Forget every parameter's gradient."""
-        for _, p in self.params:
-            p.grad = None
+    betas = property(lambda self: self.param_groups[0]["betas"],
+                     lambda self, v: self._set_all("betas", tuple(v)),
+                     doc="The first group's (beta1, beta2); setting sets every group's.")
+    eps = property(lambda self: self.param_groups[0]["eps"],
+                   lambda self, v: self._set_all("eps", v),
+                   doc="The first group's eps; setting sets every group's.")
+
+    def _set_all(self, key, value) -> None:
+        for group in self.param_groups:
+            group[key] = value
 
     def step(self, skip=None) -> None:
         """One update of every parameter that has a gradient.
@@ -301,22 +326,38 @@ class Adam:
         a caller that learns later that it was skipped subtracts it (``tinytf.training.trainer``).
         """
         self.step_count += 1
-        if skip is not None and not self._skips_on_device():
+        decays = any(g["weight_decay"] for g in self.param_groups)
+        if skip is not None and (decays or not self._skips_on_device()):
             if bool(skip.any()):
                 return
             skip = None
         flat = self._flat_buffers()
         if flat is not None:
-            self._update(flat.data, flat.grad, *flat.moments, skip=skip)
+            group = self.param_groups[0]
+            self._update(flat.data, self._decayed(flat.data, flat.grad, group), *flat.moments,
+                         skip=skip)
             return
-        for name, p in self.params:          # the reference loop, one parameter at a time
-            if p.grad is None:
-                continue
-            xp = backend.get_array_module(p.data)
-            if self.exp_avg[name] is None:
-                self.exp_avg[name] = xp.zeros_like(p.data)
-                self.exp_avg_sq[name] = xp.zeros_like(p.data)
-            self._update(p.data, p.grad, self.exp_avg[name], self.exp_avg_sq[name], skip=skip)
+        for group, named in self.named_groups():   # the reference loop, one parameter at a time
+            for name, p in named:
+                if p.grad is None:
+                    continue
+                xp = backend.get_array_module(p.data)
+                if self.exp_avg[name] is None:
+                    self.exp_avg[name] = xp.zeros_like(p.data)
+                    self.exp_avg_sq[name] = xp.zeros_like(p.data)
+                self._update(p.data, self._decayed(p.data, p.grad, group), self.exp_avg[name],
+                             self.exp_avg_sq[name], skip=skip, group=group)
+
+    def _decayed(self, p, g, group):
+        """The gradient to use: ``g + wd * p`` for Adam's L2 penalty, or ``g`` after scaling
+        ``p`` by 1 - lr * wd in place for AdamW's decoupled decay; ``g`` when wd is 0."""
+        wd = group["weight_decay"]
+        if not wd:
+            return g
+        if self.decoupled:
+            p *= 1 - group["lr"] * wd
+            return g
+        return g + wd * p
 
     def _skips_on_device(self) -> bool:
         """Whether :meth:`_update` reads the ``skip`` flag itself (``FusedAdam``'s kernel);
@@ -331,23 +372,28 @@ class Adam:
         adam = f"Adam({number(self.betas[0])}, {number(self.betas[1])}, {number(self.eps)})"
         return f"RAdam: {adam} with its rectifier" if self.rectify else adam
 
-    def step_scalars(self) -> tuple:
-        """(lr, eps) that :func:`adam_update` takes at this step (:attr:`step_count`): the
-        optimizer's own, or with ``rectify`` RAdam's, lr * r_t and eps / sqrt(1 - b2^t).
+    def step_scalars(self, group: dict | None = None) -> tuple:
+        """(lr, eps) that :func:`adam_update` takes at this step (:attr:`step_count`) for
+        ``group`` (the first when None): its own, or with ``rectify`` RAdam's, lr * r_t and
+        eps / sqrt(1 - b2^t).
 
         The latter puts eps where RAdam puts it: lr r_t m_hat sqrt(1 - b2^t) / (sqrt(v) +
         eps) = lr r_t m_hat / (sqrt(v_hat) + eps / sqrt(1 - b2^t)).
         """
+        group = self.param_groups[0] if group is None else group
+        lr, eps = group["lr"], group["eps"]
         if not self.rectify:
-            return self.lr, self.eps
-        b2, t = self.betas[1], self.step_count
-        return self.lr * radam_rectifier(t, b2), self.eps / math.sqrt(1.0 - b2 ** t)
+            return lr, eps
+        b2, t = group["betas"][1], self.step_count
+        return lr * radam_rectifier(t, b2), eps / math.sqrt(1.0 - b2 ** t)
 
-    def _update(self, p, g, m, v, skip=None) -> None:
-        """:func:`adam_update` with this optimizer's settings (``skip`` is always None here:
-        :meth:`step` has read it; ``FusedAdam`` runs a kernel that reads it)."""
-        lr, eps = self.step_scalars()
-        adam_update(p, g, m, v, lr, self.betas, eps, self.step_count)
+    def _update(self, p, g, m, v, skip=None, group=None) -> None:
+        """:func:`adam_update` with the settings of ``group`` (the first when None; ``skip``
+        is always None here: :meth:`step` has read it; ``FusedAdam`` runs a kernel that
+        reads it)."""
+        group = self.param_groups[0] if group is None else group
+        lr, eps = self.step_scalars(group)
+        adam_update(p, g, m, v, lr, group["betas"], eps, self.step_count)
 
     def _flat_buffers(self):
         """The :class:`FlatParameters` to update at once, or None (then one at a time).
@@ -355,7 +401,7 @@ class Adam:
         Built at the first step, rebuilt when a parameter or moment array was replaced
         (``load_state_dict``, ``Module.to``); None while some parameter has no gradient.
         """
-        if not self.flat:
+        if not self.flat or len(self.param_groups) != 1:
             return None
         tensors = [p for _, p in self.params]
         if any(p.grad is None for p in tensors):
@@ -378,9 +424,12 @@ class Adam:
         return flat
 
     def state_dict(self) -> dict:
-        """{"step", "lr", "betas", "eps"} plus "exp_avg.NAME"/"exp_avg_sq.NAME" arrays."""
+        """{"step", "lr", "betas", "eps"} plus "exp_avg.NAME"/"exp_avg_sq.NAME" arrays; with
+        weight decay or several groups also "groups", every group's settings."""
         state = {"step": self.step_count, "lr": self.lr, "betas": list(self.betas),
                  "eps": self.eps}
+        if len(self.param_groups) > 1 or any(g["weight_decay"] for g in self.param_groups):
+            state["groups"] = self.group_settings()
         for name, _ in self.params:
             if self.exp_avg[name] is not None:
                 state[f"exp_avg.{name}"] = backend.to_numpy(self.exp_avg[name]).copy()
@@ -392,6 +441,8 @@ class Adam:
         self.step_count = int(state["step"])
         self.lr, self.betas, self.eps = float(state["lr"]), tuple(state["betas"]), \
             float(state["eps"])
+        if "groups" in state:
+            self.load_group_settings(state["groups"])
         for name, p in self.params:
             for key, store in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq)):
                 arr = state.get(f"{key}.{name}")
@@ -404,3 +455,20 @@ class Adam:
                 xp = backend.get_array_module(p.data)
                 store[name] = xp.asarray(backend.to_device(np.asarray(arr), p.device),
                                          dtype=p.dtype).copy()
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter 2019), as ``torch.optim.AdamW``:
+    p = p (1 - lr wd) before Adam's update of p. PyTorch's defaults: lr 1e-3, betas
+    (0.9, 0.999), eps 1e-8, weight_decay 1e-2."""
+
+    decoupled = True
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, flat: bool = True, rectify: bool = False):
+        super().__init__(params, lr, betas, eps, weight_decay, flat, rectify)
+
+    def describe(self) -> str:
+        """``AdamW(0.9, 0.999, 1e-8) with weight decay 0.01``."""
+        wd = self.param_groups[0]["weight_decay"]
+        return super().describe().replace("Adam(", "AdamW(") + f" with weight decay {wd:g}"
