@@ -323,7 +323,11 @@ class Tensor:
     def __pow__(self, exponent): return impl.Pow.apply(self, exponent=exponent)
     def __matmul__(self, other): return impl.MatMul.apply(self, self.coerce(other))
     def __rmatmul__(self, other): return impl.MatMul.apply(self.coerce(other), self)
-    def __getitem__(self, index): return impl.GetItem.apply(self, index=index)
+    def __getitem__(self, index):
+        # A Tensor index (a mask, integer ids) is a constant: its array goes to the op.
+        index = tuple(array_of(i) for i in index) if type(index) is tuple else array_of(index)
+        return impl.GetItem.apply(self, index=index)
+
     def __rpow__(self, base): return (self * math.log(base)).exp()   # base ** t = e^(t ln base)
     def __abs__(self): return self.abs()
     def __float__(self): return float(self.item())

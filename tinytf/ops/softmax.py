@@ -1,6 +1,10 @@
 """Softmax and log-softmax along one axis, with their closed-form backward passes."""
 from __future__ import annotations
 
+import contextlib
+
+import numpy as np
+
 from tinytf.engine.backend import get_array_module
 from tinytf.engine.tensor import Function
 
@@ -45,6 +49,11 @@ class LogSoftmax(Function):
         return grad - xp.exp(y) * grad.sum(axis=self.axis, keepdims=True)
 
 
+def _log_of_zero_is_minus_inf(xp):
+    """NumPy's warning for log(0) off (a row of -inf has logsumexp -inf); CuPy has none."""
+    return np.errstate(divide="ignore") if xp is np else contextlib.nullcontext()
+
+
 class LogSumExp(Function):
     """y = log sum_j exp(x_j) over ``axis`` = m + log sum_j exp(x_j - m), m the maximum
     (a row of -inf gives -inf); dy/dx_j = exp(x_j - y), the softmax."""
@@ -54,7 +63,8 @@ class LogSumExp(Function):
         self.axis, self.keepdims = axis, keepdims
         m = x.max(axis=axis, keepdims=True)
         m = xp.where(xp.isfinite(m), m, 0)
-        y = m + xp.log(xp.exp(x - m).sum(axis=axis, keepdims=True))
+        with _log_of_zero_is_minus_inf(xp):
+            y = m + xp.log(xp.exp(x - m).sum(axis=axis, keepdims=True))
         self.save_for_backward(x, y)
         return y if keepdims else y.squeeze(axis)
 

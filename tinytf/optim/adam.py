@@ -181,8 +181,8 @@ def clip_grad_norm_array(params, max_norm: float):
     if norm is None:
         return None
     xp = backend.get_array_module(norm)
-    factor = xp.minimum(xp.divide(np.float32(max_norm), norm + np.float32(1e-6)),
-                        np.float32(1.0))      # float32 scalars: no float64 on NumPy either
+    kind = norm.dtype.type     # scalars of the norm's dtype: float32 stays float32 on NumPy
+    factor = xp.minimum(xp.divide(kind(max_norm), norm + kind(1e-6)), kind(1.0))
     for g in gradient_arrays(params):
         g *= factor.astype(g.dtype, copy=False)
     return norm
