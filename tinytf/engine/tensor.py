@@ -493,13 +493,13 @@ class Tensor:
         """``value`` where ``mask`` is True, self elsewhere (mask broadcasts)."""
         return impl.MaskedFill.apply(self, mask=array_of(mask), value=value)
 
-    def softmax(self, axis=-1):
-        """exp(x) / sum(exp(x)) along ``axis``."""
-        return impl.Softmax.apply(self, axis=axis)
+    def softmax(self, axis=-1, *, dim=None):
+        """exp(x) / sum(exp(x)) along ``axis`` (or PyTorch's ``dim``)."""
+        return impl.Softmax.apply(self, axis=axis if dim is None else dim)
 
-    def log_softmax(self, axis=-1):
-        """x - logsumexp(x) along ``axis``."""
-        return impl.LogSoftmax.apply(self, axis=axis)
+    def log_softmax(self, axis=-1, *, dim=None):
+        """x - logsumexp(x) along ``axis`` (or PyTorch's ``dim``)."""
+        return impl.LogSoftmax.apply(self, axis=axis if dim is None else dim)
 
 
 class ValuesIndices(NamedTuple):

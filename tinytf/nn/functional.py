@@ -66,14 +66,14 @@ def logsumexp(x: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
     return impl.LogSumExp.apply(x, axis=dim, keepdims=keepdim)
 
 
-def softmax(x: Tensor, axis: int = -1) -> Tensor:
-    """exp(x_i) / sum_j exp(x_j) along ``axis``."""
-    return impl.Softmax.apply(x, axis=axis)
+def softmax(x: Tensor, axis: int = -1, *, dim: int | None = None) -> Tensor:
+    """exp(x_i) / sum_j exp(x_j) along ``axis`` (or PyTorch's ``dim``)."""
+    return impl.Softmax.apply(x, axis=axis if dim is None else dim)
 
 
-def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
-    """x_i - log sum_j exp(x_j) along ``axis``."""
-    return impl.LogSoftmax.apply(x, axis=axis)
+def log_softmax(x: Tensor, axis: int = -1, *, dim: int | None = None) -> Tensor:
+    """x_i - log sum_j exp(x_j) along ``axis`` (or PyTorch's ``dim``)."""
+    return impl.LogSoftmax.apply(x, axis=axis if dim is None else dim)
 
 
 def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
@@ -282,13 +282,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask=None, dropout: float = 0.0,
     return out, attention_weights(q.data, k.data, mask, 1.0 / math.sqrt(q.shape[-1]))
 
 
-def split(x: Tensor, sizes, axis: int = 0) -> tuple:
+def split(x: Tensor, sizes, axis: int = 0, *, dim: int | None = None) -> tuple:
     """``x`` cut along ``axis`` into pieces (views), as ``torch.split``.
 
     ``sizes`` is an int (every piece that long, the last one shorter if need be) or a list
     of lengths that add up to ``x.shape[axis]``. One node with several outputs: backward
     writes the pieces' gradients into one array.
     """
+    axis = axis if dim is None else dim
     n = x.shape[axis]
     if isinstance(sizes, int):
         if sizes < 1:
@@ -312,14 +313,14 @@ def merge_heads(x: Tensor) -> Tensor:
     return impl.MergeHeads.apply(x)
 
 
-def cat(tensors, axis: int = 0) -> Tensor:
-    """Concatenate tensors along an existing axis."""
-    return impl.Concatenate.apply(*tensors, axis=axis)
+def cat(tensors, axis: int = 0, *, dim: int | None = None) -> Tensor:
+    """Concatenate tensors along an existing axis (or PyTorch's ``dim``)."""
+    return impl.Concatenate.apply(*tensors, axis=axis if dim is None else dim)
 
 
-def stack(tensors, axis: int = 0) -> Tensor:
-    """Stack tensors along a new axis."""
-    return impl.Stack.apply(*tensors, axis=axis)
+def stack(tensors, axis: int = 0, *, dim: int | None = None) -> Tensor:
+    """Stack tensors along a new axis (or PyTorch's ``dim``)."""
+    return impl.Stack.apply(*tensors, axis=axis if dim is None else dim)
 
 
 def where(condition, a, b) -> Tensor:
