@@ -296,6 +296,21 @@ OPS = {  # name -> (fn of float32 leaves, shapes of the leaves)
     "attention": (lambda q, k, v: F.attention(q, k, v, mask=MASK[None, None, :, :],
                                               dropout=0.1, training=True),
                   [(1, 2, 2, 4), (1, 2, 3, 4), (1, 2, 3, 4)]),
+    "abs": (lambda a: a.abs(), [(2, 3)]),
+    "clamp": (lambda a: a.clamp(0.2, 0.6), [(2, 3)]),
+    "sigmoid": (lambda a: F.sigmoid(a), [(2, 3)]),
+    "softplus": (lambda a: F.softplus(a), [(2, 3)]),
+    "silu": (lambda a: F.silu(a), [(2, 3)]),
+    "logsumexp": (lambda a: F.logsumexp(a, 1), [(2, 3)]),
+    "var": (lambda a: a.var(0), [(2, 3)]),
+    "rpow": (lambda a: 2.0 ** a, [(2, 3)]),
+    "conv1d": (lambda x, w, b: F.conv1d(x, w, b, padding=1), [(2, 2, 5), (3, 2, 3), (3,)]),
+    "conv2d": (lambda x, w: F.conv2d(x, w, stride=2, groups=2), [(1, 2, 5, 4), (2, 1, 2, 2)]),
+    "max_pool": (lambda a: F.max_pool2d(a, 2), [(1, 2, 4, 4)]),
+    "avg_pool": (lambda a: F.avg_pool1d(a, 3, 1, 1), [(1, 2, 5)]),
+    "bce_with_logits": (lambda a, b: F.binary_cross_entropy_with_logits(a, b), [(2, 3), (2, 3)]),
+    "nll_loss": (lambda a: F.nll_loss(a, np.array([[0, 2]])), [(1, 2, 3)]),
+    "mse_loss": (lambda a, b: F.mse_loss(a, b), [(2, 3), (2, 3)]),
 }
 
 

@@ -166,6 +166,17 @@ def test_module_dict_registers_its_modules():
         d["x"] = 3
 
 
+def test_a_plain_dict_or_list_of_modules_is_refused_with_the_container_to_use():
+    m = nn.Module()
+    with pytest.raises(TypeError, match="use nn.ModuleDict"):
+        m.heads = {"a": nn.Linear(2, 2)}
+    with pytest.raises(TypeError, match="use nn.ModuleList"):
+        m.blocks = [nn.Linear(2, 2), nn.Linear(2, 2)]
+    m.sizes = [1, 2, 3]                       # plain data is fine
+    m.heads = nn.ModuleDict({"a": nn.Linear(2, 2)})
+    assert [n for n, _ in m.named_parameters()] == ["heads.a.bias", "heads.a.weight"]
+
+
 class _WithBuffer(nn.Module):
     def __init__(self):
         self.lin = nn.Linear(2, 2)

@@ -37,6 +37,19 @@ class Module:
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
 
+    def __setattr__(self, name: str, value) -> None:
+        # A plain list or dict of modules would be silently skipped by named_parameters
+        # (never trained, never saved): refuse it and name the container to use.
+        if isinstance(value, (list, tuple, dict)) and not name.startswith("_"):
+            items = value.values() if isinstance(value, dict) else value
+            if any(isinstance(v, (Module, Parameter)) for v in items):
+                kind = "nn.ModuleDict" if isinstance(value, dict) else "nn.ModuleList"
+                raise TypeError(f"{type(self).__name__}.{name}: a {type(value).__name__} of "
+                                f"modules or parameters is not registered (its parameters "
+                                f"would be neither trained nor saved); use {kind}, or one "
+                                "attribute per parameter")
+        object.__setattr__(self, name, value)
+
     def extra_repr(self) -> str:
         """This module's settings for its repr, e.g. ``in_features=4, out_features=3``."""
         return ""
