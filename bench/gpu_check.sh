@@ -85,8 +85,8 @@ echo "exit status: ${PIPESTATUS[0]}"
 stage "train.py and translate.py on the GPU (shipped corpus, tiny, bf16, 60 s; then 30 s with --cuda-graph)"
 RUN=/tmp/tinytf_gpu_run
 rm -rf "$RUN" "$RUN-graph"
-TRAIN_ARGS=(--device gpu --precision bf16 --config tiny --max-tokens 4096 --log-interval 100
-    --save-interval 500 --set valid_bleu_sentences=200)
+TRAIN_ARGS=(--device gpu --precision bf16 --preset tiny --max-tokens 4096 --log-interval 100
+    --save-interval-updates 500 --set valid_bleu_sentences=200)
 timeout $(limit 100) $PY train.py "${TRAIN_ARGS[@]}" --max-minutes 1 --out "$RUN" \
     > "$OUT/train_gpu.json" 2> "$OUT/train_gpu.log"
 echo "exit status: $?"; grep -E "valid|test BLEU|stopped" "$OUT/train_gpu.log" | tail -n 12
@@ -109,7 +109,7 @@ elif $PY -c "import mpi4py" 2>/dev/null && command -v mpirun > /dev/null; then
     timeout $(limit 60) $MPIRUN $PY tests/mpi_scripts/gpu_check.py 2>&1 | tail -n 12 | tee "$OUT/mpi_gpu.log"
     echo "exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/mpi_gpu.log"
     rm -rf /tmp/tinytf_mpi_run
-    timeout $(limit 80) $MPIRUN $PY train.py --device gpu --precision bf16 --config tiny \
+    timeout $(limit 80) $MPIRUN $PY train.py --device gpu --precision bf16 --preset tiny \
         --max-tokens 4096 --max-minutes 0.5 --log-interval 100 \
         --set valid_bleu_sentences=100 --set test_bleu=false --out /tmp/tinytf_mpi_run \
         > "$OUT/train_mpi.json" 2> "$OUT/train_mpi.log"

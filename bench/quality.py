@@ -3,7 +3,7 @@
 
 For each budget in ``--minutes`` it trains
 
-* **tinytf**: ``train.py`` with its defaults for ``--config`` (the recipe a user gets), plus
+* **tinytf**: ``train.py`` with its defaults for ``--preset`` (the recipe a user gets), plus
   any ``--tinytf-args``;
 * **torch**: ``bench/torch_train.py``, the same architecture in PyTorch with the paper's
   recipe (noam schedule, factor 1, warmup 1000, 4096-token batches, 8k BPE), plus any

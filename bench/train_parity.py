@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     os.makedirs(torch_out, exist_ok=True)
     dropout = ["dropout=0", "attention_dropout=0", "relu_dropout=0"]
     tt = [sys.executable, "train.py", "--out", tt_out, "--max-steps", str(args.steps),
-          "--log-interval", "1", "--save-interval", str(10 * args.steps), "--set",
+          "--log-interval", "1", "--save-interval-updates", str(10 * args.steps), "--set",
           "test_bleu=false", "--set", "valid_bleu_sentences=1", *recipe]
     for item in dropout + [f"pre_norm={str(args.pre_norm).lower()}",
                            f"qk_norm={str(args.qk_norm).lower()}"]:

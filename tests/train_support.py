@@ -61,7 +61,7 @@ def _train_tiny(capsys, data_dir, out, *args):
 
 
 STOP_ARGS = ["--max-steps", "40", "--vocab-size", "300", "--max-tokens", "200",
-             "--log-interval", "1", "--save-interval", "1000", "--update-freq", "2",
+             "--log-interval", "1", "--save-interval-updates", "1000", "--update-freq", "2",
              "--lr-schedule", "inverse_sqrt", "--lr", "2e-3", "--warmup", "5", "--seed", "4",
              *[a for s in TINY for a in ("--set", s)]]
 

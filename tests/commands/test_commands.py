@@ -62,7 +62,7 @@ def test_the_installed_commands_train_translate_and_average_from_another_directo
                    "--vocab-size", "300", "--set", "train_max_len=40")
     assert prepare.returncode == 0 and (run / "corpus" / "header.json").is_file(), prepare.stderr
     train = _run(installed, tmp_path, "tinytf-train", "--data", data, "--out", run,
-                 "--max-steps", "4", "--save-interval", "2", "--vocab-size", "300",
+                 "--max-steps", "4", "--save-interval-updates", "2", "--vocab-size", "300",
                  "--max-tokens", "200", *sets)
     assert train.returncode == 0, train.stderr
     assert "encoding" not in train.stderr     # the prepared corpus is used as it is

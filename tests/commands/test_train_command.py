@@ -31,7 +31,7 @@ def test_cli_smoke_run_prints_json_summary(data_dir, tmp_path, capsys):
     sets = [a for s in TINY for a in ("--set", s)]
     result = _train_py("--data", data_dir, "--out", str(out), "--max-steps", "4",
                        "--vocab-size", "300", "--max-tokens", "200", "--log-interval", "2",
-                       "--save-interval", "2", "--keep-last", "1", "--warmup", "2", *sets)
+                       "--save-interval-updates", "2", "--keep-last", "1", "--warmup", "2", *sets)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 1  # stdout is only the summary; logs go to stderr
@@ -217,15 +217,16 @@ def test_option_messages_name_the_flag_or_set():
 
 
 def test_min_updates_on_the_command_line(data_dir, tmp_path, capsys):
-    """--min-updates reaches the config (and is checked); with --max-tokens and a budget
+    """--budget-min-updates reaches the config (and is checked); with --max-tokens and a budget
     that holds enough updates the batch is the user's, and the summary reports it."""
-    code, _, err = _train_main(capsys, "--out", str(tmp_path / "bad"), "--min-updates", "-1")
-    assert code == 2 and "error: --min-updates must not be negative, got -1" in err, err
+    code, _, err = _train_main(capsys, "--out", str(tmp_path / "bad"), "--budget-min-updates", "-1")
+    assert code == 2 and "error: --budget-min-updates must not be negative, got -1" in err, err
     code, out, err = _train_tiny(capsys, data_dir, tmp_path / "r", "--max-minutes", "0.2",
-                                 "--max-steps", "2", "--min-updates", "3", "--max-tokens",
+                                 "--max-steps", "2", "--budget-min-updates", "3", "--max-tokens",
                                  "2048")
     assert code == 0, err
-    assert "batch: 2,048 tokens: an update of 2,048 tokens takes about" in err  # steps end first
+    assert "batch: 2,048 tokens (--max-tokens): about" in err   # the user's, timed
+    assert "fitted" not in err
     assert json.loads(out.strip().splitlines()[-1])["max_tokens"] == 2048
 
 
@@ -237,13 +238,14 @@ def test_the_help_lists_each_presets_defaults_as_a_command_line_that_gives_them(
 
     from tinytf.commands.train import build_parser, config_from_args
     parser = build_parser()
-    lines = [line for line in parser.epilog.splitlines() if line.startswith("  ")]
+    block = parser.epilog.split("Per-preset defaults:\n")[1].split("See docs")[0]
+    lines = [" ".join(entry.split()) for entry in re.split(r"\n(?=  \S)", block.strip("\n"))]
     assert len(lines) == len(TrainConfig.PRESET_DEFAULTS)
     assert "--set dropout_from_epoch=5" in lines[0] and "--dropout-from-epoch" not in lines[0]
     for line, (name, defaults) in zip(lines, TrainConfig.PRESET_DEFAULTS.items()):
         argv = shlex.split(line.split(":", 1)[1].split("(peak lr")[0])
         config = "tiny" if name == "tiny" else "base"
-        cfg = config_from_args(parser.parse_args(argv + ["--config", config])).resolved()
+        cfg = config_from_args(parser.parse_args(argv + ["--preset", config])).resolved()
         assert {k: getattr(cfg, k) for k in defaults} == defaults
 
 

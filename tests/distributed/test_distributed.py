@@ -214,7 +214,7 @@ def test_a_failing_rank_ends_the_job_within_30_seconds(mode, code, message):
 # ----- train.py under mpirun -------------------------------------------------------------
 
 TRAIN_ARGS = ["--vocab-size", "400", "--max-tokens", "256", "--seed", "3", "--log-interval", "1",
-              "--save-interval", "1", "--valid-interval", "1000", "--keep-last", "0",
+              "--save-interval-updates", "1", "--validate-interval-updates", "1000", "--keep-last", "0",
               "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64",
               "--set", "n_encoder_layers=1", "--set", "n_decoder_layers=1",
               # Dropout masks are drawn per rank: without it the runs must agree exactly.
@@ -402,7 +402,7 @@ def test_a_time_budget_decides_dropout_alike_on_every_rank(train_runs, tmp_path)
     epoch 3 from rank 0's clock: both ranks switch together (no rank waits in a collective
     the other left), and the checkpoint holds the choice."""
     args = [*TRAIN_ARGS, "--set", "dropout=0.1", "--max-minutes", "10000", "--max-epochs",
-            "8", "--min-updates", "0", "--save-interval", "1000", "--log-interval", "1000"]
+            "8", "--budget-min-updates", "0", "--save-interval-updates", "1000", "--log-interval", "1000"]
     code, out, _ = run_train(tmp_path / "run", train_runs["dir"] / "data", *args, ranks=2)
     assert code == 0, out[-4000:]
     assert out.count("dropout: from epoch 3: the budget holds about 8.0 epochs at the pace "

@@ -108,7 +108,7 @@ def test_a_signal_in_a_periodic_validation_ends_it_with_the_checkpoint(data_dir,
     data = _with_shipped(data_dir, tmp_path, "dev")
     out = tmp_path / "run"
     proc = _train_cli("--data", str(data), "--out", str(out), *STOP_ARGS,
-                      "--valid-interval", "20", "--set", "valid_bleu_sentences=0")
+                      "--validate-interval-updates", "20", "--set", "valid_bleu_sentences=0")
     try:
         for line in proc.stderr:
             if line.startswith("step 20 |"):

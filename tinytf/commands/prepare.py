@@ -52,12 +52,18 @@ def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default=d.data, help=f"directory with train.SRC, train.TGT, "
-                   f"dev.SRC, dev.TGT (default: {d.data})")
+    p.add_argument("--train", nargs=2, dest="train_files", metavar=("SRC_FILE", "TGT_FILE"),
+                   help="the training pair, any file names (as train.py --train)")
+    p.add_argument("--valid", nargs=2, dest="valid_files", metavar=("SRC_FILE", "TGT_FILE"),
+                   help="the dev pair (with --train)")
+    p.add_argument("--test", nargs=2, dest="test_files", metavar=("SRC_FILE", "TGT_FILE"),
+                   help="an optional test pair (with --train)")
+    p.add_argument("--data", default=d.data, help=f"instead of the three: a directory with "
+                   f"train.SRC, train.TGT, dev.SRC, dev.TGT (default: {d.data})")
     p.add_argument("--src", default=d.src, help=f"source language suffix (default: {d.src})")
     p.add_argument("--tgt", default=d.tgt, help=f"target language suffix (default: {d.tgt})")
     p.add_argument("--out", metavar="RUNDIR", help="run directory (default: train.py's)")
-    p.add_argument("--config", default=d.config,
+    p.add_argument("--preset", "--config", dest="config", default=d.config, metavar="NAME",
                    help=f"model preset, for its default --vocab-size (default: {d.config})")
     p.add_argument("--vocab-size", type=int, metavar="V",
                    help="joint BPE vocabulary (default: the preset's)")
@@ -100,7 +106,9 @@ def _prepare(args) -> None:
     """The run directory of ``args``: its BPE model, its corpus and (before any run) its
     config.json, under its lock."""
     cfg = apply_overrides(TrainConfig(
-        data=args.data, src=args.src, tgt=args.tgt, out=args.out, config=args.config,
+        data=args.data, src=args.src, tgt=args.tgt, train_files=args.train_files,
+        valid_files=args.valid_files, test_files=args.test_files, out=args.out,
+        config=args.config,
         vocab_size=args.vocab_size, workers=args.workers), args.set).resolved()
     paths = data_paths(cfg)
     make_run_dir(cfg.out)

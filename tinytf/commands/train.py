@@ -3,7 +3,9 @@
 A thin shell over :func:`tinytf.training.run.train`:
 
     python train.py                        # tiny preset, shipped en->de corpus, ~10 min on a CPU
-    python train.py --data DIR --src en --tgt de --out RUNDIR --config base --max-steps 100000
+    python train.py --train corpus.en corpus.de --valid dev.en dev.de --out RUNDIR
+    python train.py --data DIR --src en --tgt de --out RUNDIR --preset base --max-steps 100000
+    python train.py --config RUNDIR/config.json --out RUNDIR2   # an equal run, from a file
     python train.py --out RUNDIR --resume  # continue exactly where the run stopped
     python train.py ... --resume auto      # continue if RUNDIR has a checkpoint, else start
     mpirun -n 8 python train.py ...        # data-parallel over MPI ranks (docs/distributed.md)
@@ -18,6 +20,7 @@ import json
 import os
 import signal
 import sys
+import textwrap
 
 from tinytf.commands import device_default, start_process
 from tinytf.data.batches import DataError
@@ -25,7 +28,16 @@ from tinytf.distributed import communicator as distributed
 from tinytf.engine import backend
 from tinytf.optim.schedule import SCHEDULES
 from tinytf.text import BPEFileError
-from tinytf.training.config import FLAGS, OPTIMIZERS, TrainConfig, TrainError, apply_overrides
+from tinytf.models.transformer import TransformerConfig
+from tinytf.training.config import (
+    FLAGS,
+    OPTIMIZERS,
+    TrainConfig,
+    TrainError,
+    apply_overrides,
+    option_of,
+    read_config_file,
+)
 from tinytf.training.run import train
 from tinytf.training.run_dir import resumed_config
 from tinytf.training.signals import StopRequested
@@ -37,121 +49,132 @@ USER_ERRORS = (TrainError, DataError, CheckpointError, BPEFileError)
 
 
 def preset_defaults_text(options) -> str:
-    """The per-preset training defaults as --help lines (from TrainConfig.PRESET_DEFAULTS):
-    ``--max-tokens 2048`` for a key with an option of its own (its name in ``options``),
-    ``--set dropout_from_epoch=5`` for one without."""
+    """The per-preset training defaults as --help lines (from TrainConfig.PRESET_DEFAULTS),
+    wrapped: ``--max-tokens 2048`` for a key with an option of its own (its name in
+    ``options``), ``--set dropout_from_epoch=5`` for one without."""
     def flag(key, value):
         value = f"{value:g}" if isinstance(value, float) else value
-        return (f"--{key.replace('_', '-')} {value}" if key in options else
-                f"--set {key}={value}")
+        return (f"{option_of(key)} {value}" if key in options else f"--set {key}={value}")
 
     lines = []
     for name, defaults in TrainConfig.PRESET_DEFAULTS.items():
         label = "tiny" if name == "tiny" else "small, base, big"
-        flags = " ".join(flag(k, v) for k, v in defaults.items())
         peak = TrainConfig(config="tiny" if name == "tiny" else "base").tuned_peak()
-        lines.append(f"  {label + ':':17s} {flags} (peak lr {peak:.2e}"
-                     f"{' for base' if name != 'tiny' else ''})\n")
-    return "".join(lines)
+        text = " ".join(flag(k, v) for k, v in defaults.items()) + \
+            f" (peak lr {peak:.2e}{' for base' if name != 'tiny' else ''})"
+        lines.append(textwrap.fill(text, 88, initial_indent=f"  {label + ':':18s}",
+                                   subsequent_indent=" " * 20, break_on_hyphens=False))
+    return "\n".join(lines) + "\n"
+
+
+class Renamed(argparse.Action):
+    """An option that was renamed because another tool's option of that name means
+    something else: a usage error naming the new flag."""
+
+    def __init__(self, option_strings, dest, new, why, **kwargs):
+        self.new, self.why = new, why
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is now {self.new}: {self.why}")
 
 
 def _data_options(p, d: TrainConfig) -> None:
     """The training data and its BPE."""
-    p.add_argument("--data", default=d.data, help="directory with train.SRC, train.TGT, "
-                   f"dev.SRC, dev.TGT and optionally test.SRC, test.TGT (default: {d.data})")
-    p.add_argument("--src", default=d.src, help=f"source language suffix (default: {d.src})")
-    p.add_argument("--tgt", default=d.tgt, help=f"target language suffix (default: {d.tgt})")
+    p.add_argument("--train", nargs=2, dest="train_files", metavar=("SRC_FILE", "TGT_FILE"),
+                   help="the training pair, any file names (raw text, one sentence per line)")
+    p.add_argument("--valid", nargs=2, dest="valid_files", metavar=("SRC_FILE", "TGT_FILE"),
+                   help="the dev pair that validation scores (with --train)")
+    p.add_argument("--test", nargs=2, dest="test_files", metavar=("SRC_FILE", "TGT_FILE"),
+                   help="an optional test pair, scored at the end (with --train)")
+    p.add_argument("--data", default=d.data, metavar="DIR",
+                   help="instead of the three: DIR/train.SRC, DIR/dev.SRC, ... "
+                        f"(default: {d.data})")
+    p.add_argument("--src", default=d.src, help=f"source suffix in --data (default: {d.src})")
+    p.add_argument("--tgt", default=d.tgt, help=f"target suffix in --data (default: {d.tgt})")
     p.add_argument("--vocab-size", type=int, metavar="V",
                    help="joint BPE vocabulary, learnt when RUNDIR has none "
                         "(default: tiny 4000, others 8000)")
     p.add_argument("--workers", type=int, metavar="N",
-                   help="processes that learn the BPE and encode the training text into "
-                        "RUNDIR/corpus when it is missing or stale (default: the CPUs this "
-                        "process may use)")
+                   help="processes that learn the BPE and encode the text (default: the CPUs)")
 
 
 def _budget_options(p, d: TrainConfig) -> None:
     """What one update holds and when the run stops."""
-    p.add_argument("--config", default=d.config,
-                   help=f"model preset: tiny, small, base, big (default: {d.config})")
+    p.add_argument("--preset", dest="config", default=None, metavar="NAME",
+                   help=f"model and recipe: tiny, small, base, big (default: {d.config})")
+    p.add_argument("--config", dest="config_file", metavar="FILE",
+                   help="options from a JSON or TOML file with the keys of a run's "
+                        "config.json (flags given override it)")
     p.add_argument("--max-tokens", type=int, metavar="N",
-                   help="padded tokens per batch and side, per rank (the largest batch: "
-                        "see --min-updates)")
-    p.add_argument("--min-updates", type=int, metavar="N",
-                   help="with --max-minutes: time a few batches of --max-tokens first and "
-                        "halve the batch (to 1024 tokens at least) while the budget at that "
-                        "pace holds fewer than N updates (default: tiny 1500, the others 0: "
-                        "off; 0 keeps --max-tokens as given)")
+                   help="padded tokens per batch and side, per rank; kept as given "
+                        "(default: the preset's, tiny 2048, others 4096)")
+    p.add_argument("--budget-min-updates", dest="min_updates", type=int, metavar="N",
+                   help="with --max-minutes, halve the preset's batch while the budget holds "
+                        "fewer than N updates (default: tiny 1500, others 0: off)")
     p.add_argument("--update-freq", type=int, default=d.update_freq, metavar="K",
                    help="batches accumulated into one update (default: 1)")
     p.add_argument("--max-steps", type=int, metavar="N",
-                   help="stop after N updates (counting the whole run)")
+                   help="stop after N updates, counting the whole run")
     p.add_argument("--max-minutes", type=float, metavar="M",
-                   help="stop after M minutes of training (counting the whole run)")
+                   help="stop after M minutes of training (default without a budget: 10)")
     p.add_argument("--max-epochs", type=int, metavar="E",
                    help="stop after E passes over the training data")
     p.add_argument("--patience", type=int, default=d.patience, metavar="N",
-                   help="stop when --best-metric has not improved for N validations "
-                        "(default: 0, never)")
+                   help="stop after N validations without a better --best-metric (default: 0, "
+                        "never)")
     p.add_argument("--best-metric", choices=["loss", "bleu"], default=d.best_metric,
-                   help="the dev metric that picks checkpoint_best.npz and drives --patience "
-                        f"(default: {d.best_metric})")
+                   help=f"the dev metric of checkpoint_best.npz (default: {d.best_metric})")
+    p.add_argument("--min-updates", action=Renamed, new="--budget-min-updates",
+                   why="it halves the batch under a time budget (Sockeye's --min-updates is "
+                       "a minimum before stopping)")
 
 
 def _optimizer_options(p, d: TrainConfig) -> None:
     """Adam or RAdam, the learning rate and its schedule."""
     p.add_argument("--optimizer", choices=OPTIMIZERS,
-                   help="adam: Adam(0.9, 0.98, 1e-9), the paper's; radam: the same with "
-                        "RAdam's rectifier of its early steps (Liu et al. 2020), which warms "
-                        "up by itself. Default: the preset's")
+                   help="adam: Adam(0.9, 0.98, 1e-9); radam: with RAdam's rectifier "
+                        "(default: the preset's)")
     p.add_argument("--lr-schedule", choices=SCHEDULES,
-                   help="noam (the paper's: peak = factor * (d_model * warmup)^-0.5), "
-                        "inverse_sqrt (fairseq's, peak --lr), linear (warm up to --lr, then "
-                        "decay to zero at the end of --max-steps / --max-minutes). Default: "
-                        "the preset's; --lr-factor alone means noam, --lr alone the preset's "
-                        "schedule or, for a noam preset, inverse_sqrt")
+                   help="noam, inverse_sqrt or linear (docs/training.md; default: the preset's)")
     p.add_argument("--lr", type=float, metavar="PEAK",
-                   help="peak learning rate (inverse_sqrt, linear)")
-    p.add_argument("--warmup", type=int, metavar="N", help="warm-up updates of the schedule")
+                   help="peak learning rate (inverse_sqrt, linear; default: the preset's)")
+    p.add_argument("--warmup", type=int, metavar="N",
+                   help="warm-up updates of the schedule (default: 4000)")
     p.add_argument("--lr-factor", type=float, metavar="F",
-                   help="factor of the paper's schedule (noam)")
+                   help="factor of the paper's noam schedule (default: 1)")
     p.add_argument("--clip-norm", type=float, default=d.clip_norm, metavar="X",
                    help="clip the gradient norm to X (default: 0, no clipping)")
-    p.add_argument("--seed", type=int, default=d.seed, help=f"(default: {d.seed})")
+    p.add_argument("--seed", type=int, default=d.seed,
+                   help=f"seed of the weights, dropout and batch order (default: {d.seed})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a model key (dropout=0.3, pre_norm=true, qk_norm=false, "
-                        "activation=gelu, ...) or a training key without its own option "
-                        "(train_max_len, valid_bleu_sentences, test_bleu, max_bad_steps, "
-                        "dropout_from_epoch: tiny 5, others 1; full_dropout_epochs: tiny 8, "
-                        "others 0, a budget of that many epochs or more starts dropout at "
-                        "long_dropout_from_epoch: tiny 3, its rate raised by "
-                        "dropout_per_epoch, tiny 0.02, for each epoch past "
-                        "dropout_rises_after, tiny 10, up to 0.3); repeatable")
+                   help="any other model or training key: dropout=0.3, pre_norm=true, "
+                        "train_max_len=100, ... (docs/training.md lists them); repeatable")
 
 
 def _run_options(p, d: TrainConfig) -> None:
     """Where the run lives, how it continues, how often it logs and saves."""
-    p.add_argument("--out", metavar="RUNDIR", help="run directory: BPE model, checkpoints, "
-                   "logs (default: runs/<name of --data>-<config>, e.g. runs/ende-tiny)")
+    p.add_argument("--out", metavar="RUNDIR",
+                   help="run directory: BPE, checkpoints, logs (default: runs/<data>-<preset>)")
     p.add_argument("--resume", nargs="?", const=True, choices=[True, "auto"], metavar="auto",
-                   help="continue exactly from RUNDIR/checkpoint_last.npz, with the run's own "
-                        "options (options given here override them; --max-steps, "
-                        "--max-minutes or --max-epochs replaces the run's budget whole); "
-                        "'--resume auto': "
-                        "continue if that checkpoint exists, else start a new run (one "
-                        "command for the first job and every requeue)")
+                   help="continue RUNDIR's run exactly; 'auto': continue if it has a "
+                        "checkpoint, else start (docs/checkpoints.md)")
     p.add_argument("--init-from", metavar="RUNDIR|CHECKPOINT",
-                   help="start a new run from another run's weights (fine-tuning): the same "
-                        "model shape, and its BPE model (copied into RUNDIR)")
+                   help="start a new run from another run's weights and BPE (fine-tuning)")
     p.add_argument("--log-interval", type=int, default=d.log_interval, metavar="N",
-                   help=f"steps per log line (default: {d.log_interval})")
-    p.add_argument("--save-interval", type=int, metavar="N", help="steps between checkpoints")
-    p.add_argument("--valid-interval", type=int, metavar="N",
-                   help="steps between validations (default: the save interval)")
+                   help=f"updates per log line (default: {d.log_interval})")
+    p.add_argument("--save-interval-updates", dest="save_interval", type=int, metavar="N",
+                   help="updates between checkpoints (default: tiny 200, others 1000)")
+    p.add_argument("--validate-interval-updates", dest="valid_interval", type=int, metavar="N",
+                   help="updates between validations (default: the save interval)")
     p.add_argument("--keep-last", type=int, default=d.keep_last, metavar="K",
                    help=f"numbered checkpoints kept, 0 for all (default: {d.keep_last})")
     p.add_argument("--valid-samples", type=int, default=d.valid_samples, metavar="K",
                    help=f"translations logged at every validation (default: {d.valid_samples})")
+    p.add_argument("--save-interval", action=Renamed, new="--save-interval-updates",
+                   why="it counts updates (fairseq's --save-interval counts epochs)")
+    p.add_argument("--valid-interval", action=Renamed, new="--validate-interval-updates",
+                   why="it counts updates, as fairseq's --validate-interval-updates")
 
 
 def _device_options(p, d: TrainConfig) -> None:
@@ -161,15 +184,10 @@ def _device_options(p, d: TrainConfig) -> None:
                         "(default: $TINYTF_DEVICE or cpu)")
     p.add_argument("--precision", choices=["float32", "tf32", "bf16", "fp16"],
                    default=d.precision,
-                   help="float32; tf32 (float32 products on TF32 tensor cores); bf16 or fp16 "
-                        "(16-bit products, float32 master weights; fp16 with dynamic loss "
-                        "scaling). On the CPU bf16 is emulated (right numerics, no speed-up) "
-                        "and fp16 runs NumPy's float16, which has no BLAS: about 80x slower "
-                        f"than float32, for checking fp16's numerics (default: {d.precision})")
+                   help="arithmetic of the products: float32, tf32, bf16 or fp16 with float32 "
+                        f"master weights (docs/gpu.md; default: {d.precision})")
     p.add_argument("--cuda-graph", action="store_true",
-                   help="with --device gpu: replay each step's forward and backward as a CUDA "
-                        "graph, one per padded batch shape (no launch cost per op; batches "
-                        "padded to lengths in multiples of 8)")
+                   help="with --device gpu: replay each step as a CUDA graph (docs/gpu.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -185,9 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
         add(p.add_argument_group(title), d)
     options = vars(p.parse_args([]))    # every option's TrainConfig name, at its default
     p.epilog = ("Without --max-steps, --max-minutes or --max-epochs, training stops after 10 "
-                "minutes.\n"
-                "Per-preset defaults:\n" + preset_defaults_text(options)
-                + "See docs/training.md.")
+                "minutes.\nPer-preset defaults:\n" + preset_defaults_text(options)
+                + "See docs/training.md and docs/your-data.md.")
     return p
 
 
@@ -196,13 +213,35 @@ def given_options(argv) -> set:
     parser, unset = build_parser(), object()
     parser.set_defaults(**{name: unset for name in vars(parser.parse_args([])) if name != "set"})
     given = {k for k, v in vars(parser.parse_args(argv)).items() if v is not unset}
-    return given - {"set", "resume"}
+    return given - {"set", "resume", "config_file"}
 
 
-def config_from_args(args, given=frozenset()) -> TrainConfig:
-    """TrainConfig from parsed arguments, with --set applied and every value checked; with
-    --resume, the run's stored options with the ``given`` ones on top."""
-    cfg = TrainConfig(**{key: getattr(args, key) for key in FLAGS})   # each flag's option
+def config_from_args(args, given=frozenset(), notice=None) -> TrainConfig:
+    """TrainConfig from parsed arguments: the ``--config`` file's options, the flags
+    ``given`` on top, then ``--set``, every value checked; with --resume, the run's stored
+    options with the ``given`` ones on top. ``notice(text)`` hears of a preset name given
+    to ``--config``."""
+    values = {key: getattr(args, key) for key in FLAGS}    # each flag's option
+    if values["config"] is None:
+        values["config"] = TrainConfig.config
+    if "data" in given and {"train_files", "valid_files"} & set(given):
+        raise TrainError("give --data DIR or --train/--valid files, not both")
+    extra = {}
+    if args.config_file:
+        if args.config_file in TransformerConfig.PRESETS and not os.path.exists(args.config_file):
+            if notice:
+                notice(f"--config {args.config_file}: a preset name; --preset "
+                       f"{args.config_file} is its flag (--config reads a JSON or TOML file)")
+            if "config" not in given:
+                values["config"] = args.config_file
+        else:
+            from_file = read_config_file(args.config_file)
+            if "max_tokens" in given:
+                from_file.pop("fit_batch", None)    # the user's --max-tokens is kept
+            for key, value in from_file.items():
+                if key not in given:
+                    (values if key in values else extra)[key] = value
+    cfg = TrainConfig(**values, **extra)
     if args.resume:
         return resumed_config(cfg, given, args.set).resolved()
     return apply_overrides(cfg, args.set).resolved()
@@ -242,7 +281,8 @@ def main(argv=None) -> int:
     comm = distributed.init()
     with comm.guard():
         try:
-            cfg = config_from_args(args, given)
+            cfg = config_from_args(args, given, notice=lambda text: print(
+                f"{_prog()}: {text}", file=sys.stderr) if comm.is_root else None)
             if cfg.device == "gpu" and args.device != "gpu":
                 _gpu_of_a_resumed_run(comm)
             summary = train(cfg, comm=comm, process_exits=True)

@@ -46,12 +46,16 @@ class TrainConfig:
     data: str = "data/ende"
     src: str = "en"
     tgt: str = "de"
+    train_files: list | None = None   # [source file, target file]: any names (--train)
+    valid_files: list | None = None   # the dev pair (--valid), with train_files
+    test_files: list | None = None    # the test pair (--test), optional
     out: str | None = None            # default: runs/<data dir name>-<config>
-    config: str = "tiny"              # preset of TransformerConfig
+    config: str = "tiny"              # preset of TransformerConfig (--preset)
     model_overrides: dict = dataclasses.field(default_factory=dict)
     max_tokens: int | None = None     # padded tokens per batch and side, per rank
     min_updates: int | None = None    # with --max-minutes: halve the batch until it fits (0: off)
     fitted_from: int | None = None    # the --max-tokens that max_tokens was fitted from
+    fit_batch: bool | None = None     # the preset's batch may adapt (None: when max_tokens unset)
     update_freq: int = 1              # batches accumulated per update
     max_steps: int | None = None      # stop after this many updates (0/None: no limit)
     max_minutes: float | None = None  # stop after this wall time (0/None: no limit)
@@ -94,6 +98,8 @@ class TrainConfig:
         """A copy with every None default filled in (preset-dependent) and checked."""
         defaults = self.preset_defaults()
         cfg = dataclasses.replace(self, model_overrides=dict(self.model_overrides))
+        if cfg.fit_batch is None:       # a --max-tokens the user gave is never replaced
+            cfg.fit_batch = self.max_tokens is None
         cfg._resolve_schedule(defaults)
         if cfg.min_updates is None:     # --max-tokens is the largest batch the fit may keep
             cfg.min_updates = defaults["min_updates"]
@@ -103,14 +109,20 @@ class TrainConfig:
             if getattr(cfg, key) is None and key not in ("lr", "lr_factor"):
                 setattr(cfg, key, value)
         if cfg.out is None:
-            cfg.out = os.path.join("runs", f"{os.path.basename(os.path.normpath(cfg.data))}-"
-                                           f"{cfg.config}")
+            cfg.out = os.path.join("runs", f"{cfg.data_name()}-{cfg.config}")
         if cfg.valid_interval is None:
             cfg.valid_interval = cfg.save_interval
         if not cfg.max_steps and not cfg.max_minutes and not cfg.max_epochs:
             cfg.max_minutes = 10.0  # never run unbounded by accident; documented in --help
         cfg.check()
         return cfg
+
+    def data_name(self) -> str:
+        """The data's short name for the default run directory: the --data directory's
+        name, or with --train the source file's name without its suffix."""
+        if self.train_files:
+            return os.path.splitext(os.path.basename(self.train_files[0]))[0] or "data"
+        return os.path.basename(os.path.normpath(self.data))
 
     def preset_defaults(self) -> dict:
         """The training defaults of this run's preset."""
@@ -207,8 +219,20 @@ class TrainConfig:
     def check(self) -> None:
         """Raise TrainError for values that cannot work."""
         if self.config not in TransformerConfig.PRESETS:
-            raise TrainError(f"--config {self.config!r}: choose from "
+            raise TrainError(f"--preset {self.config!r}: choose from "
                              f"{sorted(TransformerConfig.PRESETS)}")
+        for key in ("train_files", "valid_files", "test_files"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, (list, tuple)) or len(value) != 2
+                                      or not all(isinstance(v, str) for v in value)):
+                raise TrainError(f"{option_of(key)} takes two files, source and target; "
+                                 f"got {value!r}")
+        if bool(self.train_files) != bool(self.valid_files):
+            raise TrainError("--train and --valid go together: the training pair and the dev "
+                             "pair that validation scores")
+        if self.test_files and not self.train_files:
+            raise TrainError("--test goes with --train and --valid (with --data, test.SRC and "
+                             "test.TGT are found in the directory)")
         if self.device not in ("cpu", "gpu"):
             raise TrainError(f"--device {self.device!r}: choose cpu or gpu")
         if self.optimizer not in OPTIMIZERS:
@@ -245,7 +269,8 @@ class TrainConfig:
 
 
 FLAGS = frozenset((
-    "data", "src", "tgt", "out", "config", "max_tokens", "min_updates", "update_freq",
+    "data", "src", "tgt", "train_files", "valid_files", "test_files", "out", "config",
+    "max_tokens", "min_updates", "update_freq",
     "max_steps", "max_minutes", "lr_schedule", "lr", "warmup", "lr_factor", "optimizer",
     "vocab_size", "seed", "resume", "device", "precision", "cuda_graph", "log_interval",
     "save_interval", "valid_interval", "keep_last", "clip_norm", "max_epochs", "patience",
@@ -254,10 +279,105 @@ FLAGS = frozenset((
 field of its name; the rest are set with ``--set key=value``."""
 
 
+FLAG_NAMES = {"config": "--preset", "min_updates": "--budget-min-updates",
+              "save_interval": "--save-interval-updates",
+              "valid_interval": "--validate-interval-updates", "train_files": "--train",
+              "valid_files": "--valid", "test_files": "--test"}
+"""The flags whose name is not their field's (``--preset`` sets ``config``)."""
+
+
 def option_of(key: str) -> str:
     """How a user sets option ``key`` on the command line, for messages: its flag
     (``--max-tokens``), or ``--set train_max_len``."""
+    if key in FLAG_NAMES:
+        return FLAG_NAMES[key]
     return "--" + key.replace("_", "-") if key in FLAGS else f"--set {key}"
+
+
+CONFIG_FILE_LIMIT = 1 << 20
+"""A --config file larger than this (1 MiB) is refused before it is parsed."""
+
+NOT_FROM_FILE = ("resume", "fitted_from")
+"""Keys of a run's config.json that a --config file does not carry over: a file starts a
+new run, and a fitted batch is fitted again."""
+
+
+def read_config_file(path: str) -> dict:
+    """The options in JSON or TOML file ``path`` (TOML when it ends in ``.toml``), with the
+    keys of a run's ``config.json`` (or that file itself, whose "options" are read):
+    {TrainConfig field: value}. Unknown keys, wrong types, a file too large or unparseable
+    are a :class:`TrainError` naming the file."""
+    import json
+    import tomllib
+    try:
+        size = os.path.getsize(path)
+        if not os.path.isfile(path):
+            raise TrainError(f"{path}: not a regular file (--config reads a JSON or TOML file)")
+        if size > CONFIG_FILE_LIMIT:
+            raise TrainError(f"{path}: {size:,} bytes; a --config file holds at most "
+                             f"{CONFIG_FILE_LIMIT:,}")
+        with open(path, "rb") as f:
+            raw = f.read(CONFIG_FILE_LIMIT + 1)
+    except OSError as e:
+        raise TrainError(f"{path}: {e.strerror or e}") from None
+    try:
+        if path.endswith(".toml"):
+            values = tomllib.loads(raw.decode("utf-8"))
+        else:
+            values = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise TrainError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise TrainError(f"{path}: line {e.lineno}: {e.msg}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise TrainError(f"{path}: {e}") from None
+    except RecursionError:
+        raise TrainError(f"{path}: nested too deeply") from None
+    if not isinstance(values, dict):
+        raise TrainError(f"{path}: expected an object of options (the keys of a run's "
+                         f"config.json), got {type(values).__name__}")
+    if isinstance(values.get("options"), dict) and "command" in values:
+        values = values["options"]      # a run's own config.json: its options
+    return _checked_options(path, values)
+
+
+def _checked_options(path: str, values: dict) -> dict:
+    """``values`` without the keys a file does not carry, each checked against its field's
+    type (the defaults' types, or the presets' where the default is None)."""
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise TrainError(f"{path}: unknown option {unknown[0]!r} (the keys are those of a "
+                         f"run's config.json: {', '.join(sorted(fields))})")
+    options = {}
+    for key, value in values.items():
+        if key in NOT_FROM_FILE or value is None:
+            continue
+        kind = str(fields[key].type).split(" | ")[0]      # "int | None" -> "int"
+        if kind == "list":
+            ok = isinstance(value, list) and len(value) == 2 and \
+                all(isinstance(v, str) for v in value)
+        elif kind == "dict":
+            ok = isinstance(value, dict) and all(
+                isinstance(v, (int, float, str, bool)) for v in value.values())
+        elif kind == "bool":
+            ok = isinstance(value, bool)
+        elif kind == "float":
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif kind == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, str)
+        if not ok:
+            raise TrainError(f"{path}: option {key!r} has the wrong type "
+                             f"({type(value).__name__}: {str(value)[:40]!r})")
+        options[key] = value
+    if "model_overrides" in options:
+        model_fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+        bad = sorted(set(options["model_overrides"]) - model_fields)
+        if bad:
+            raise TrainError(f"{path}: model_overrides: unknown model key {bad[0]!r}")
+    return options
 
 
 def _parse_value(text: str, current, key: str):

@@ -24,8 +24,19 @@ from tinytf.utils.workers import available_cpus
 
 
 def data_paths(cfg) -> dict:
-    """{"train": (src, tgt), "dev": (...), "test": (...) if present} under ``cfg.data``; a
+    """{"train": (src, tgt), "dev": (...), "test": (...) if present}: the files of
+    ``--train``/``--valid``/``--test`` when given, else ``train.SRC`` ... under ``--data``; a
     missing file is a :class:`TrainError` naming it."""
+    if cfg.train_files:
+        paths = {"train": tuple(cfg.train_files), "dev": tuple(cfg.valid_files)}
+        if cfg.test_files:
+            paths["test"] = tuple(cfg.test_files)
+        for split, flag in (("train", "--train"), ("dev", "--valid"), ("test", "--test")):
+            for path in paths.get(split, ()):
+                problem = _file_problem(path)
+                if problem:
+                    raise TrainError(f"{path}: {problem} ({flag} SOURCE_FILE TARGET_FILE)")
+        return paths
     paths = {}
     for split in ("train", "dev", "test"):
         pair = tuple(os.path.join(cfg.data, f"{split}.{lang}") for lang in (cfg.src, cfg.tgt))
@@ -34,13 +45,20 @@ def data_paths(cfg) -> dict:
             paths[split] = pair
         elif split != "test" or any(present):
             missing = [p for p, ok in zip(pair, present) if not ok]
-            what = ("a directory, not a file" if os.path.isdir(missing[0]) else
-                    "not a regular file (a device, a pipe or a socket)"
-                    if os.path.exists(missing[0]) else "no such file")
-            raise TrainError(f"{missing[0]}: {what} (--data {cfg.data} must hold "
-                             f"train.{cfg.src}, train.{cfg.tgt}, dev.{cfg.src}, "
-                             f"dev.{cfg.tgt}; test.* optional)")
+            raise TrainError(f"{missing[0]}: {_file_problem(missing[0])} (--data {cfg.data} "
+                             f"must hold train.{cfg.src}, train.{cfg.tgt}, dev.{cfg.src}, "
+                             f"dev.{cfg.tgt}; test.* optional; or name the files with "
+                             f"--train, --valid and --test)")
     return paths
+
+
+def _file_problem(path: str) -> str:
+    """Why ``path`` cannot be read as a text file, or "" when it can."""
+    if os.path.isfile(path):
+        return ""
+    return ("a directory, not a file" if os.path.isdir(path) else
+            "not a regular file (a device, a pipe or a socket)" if os.path.exists(path)
+            else "no such file")
 
 
 def run_bpe(cfg, comm, log, train_pair):

@@ -147,6 +147,7 @@ def log_run_start(log: Logger, cfg, mc, data, step: int, *, parameters: int, ran
         test = f"{test_pairs:,} test pairs"
     else:
         test = "no test BLEU (" + ("test_bleu off" if not cfg.test_bleu else
+                                   "no --test files" if cfg.train_files else
                                    f"no test.{cfg.src}, test.{cfg.tgt}") + ")"
     log.info(f"data: {len(data):,} training pairs ({data.n_skipped_long} longer than "
              f"{cfg.train_max_len} tokens and {data.n_skipped_empty} with an empty side "

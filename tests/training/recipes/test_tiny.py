@@ -18,7 +18,7 @@ from tinytf.utils import checkpoint
 
 
 def test_fitted_batch_halves_to_the_floor_while_the_budget_holds_too_few_updates():
-    """--min-updates: the batch is halved while the time budget at the measured pace holds
+    """--budget-min-updates: the batch is halved while the time budget at the measured pace holds
     fewer updates than asked, down to 1,024 tokens; a step budget that ends the run first
     leaves it alone."""
     from tinytf.training.recipes.tiny import MIN_FITTED_TOKENS, fitted_max_tokens
@@ -32,35 +32,55 @@ def test_fitted_batch_halves_to_the_floor_while_the_budget_holds_too_few_updates
     assert fitted_max_tokens(512, 10.0, 60.0, 1500) == 512       # already below the floor
 
 
-def test_the_tiny_preset_fits_its_batch_whoever_chose_it():
-    """min_updates resolves to the tiny preset's 1,500 whether --max-tokens is the preset's or
-    the user's (it is the largest batch the fit keeps), to 0 for the paper's presets; a
-    user's value is kept, and 0 keeps --max-tokens as given."""
+def test_only_the_presets_batch_is_fitted_a_users_max_tokens_is_kept():
+    """min_updates resolves to the tiny preset's 1,500, to 0 for the paper's presets; the
+    batch is fitted only where --max-tokens is the preset's (fit_batch), and a user's
+    --max-tokens is timed instead, to warn (checks_user_batch)."""
     assert TrainConfig().resolved().min_updates == 1500
+    assert TrainConfig().resolved().fit_batch
     assert tiny.fits_batch(TrainConfig().resolved())                 # the 10-minute default
-    assert TrainConfig(max_tokens=8192).resolved().min_updates == 1500
-    assert tiny.fits_batch(TrainConfig(max_tokens=8192).resolved())
+    users = TrainConfig(max_tokens=8192).resolved()
+    assert users.min_updates == 1500 and not users.fit_batch
+    assert not tiny.fits_batch(users) and tiny.checks_user_batch(users)
     assert TrainConfig(max_tokens=4096, min_updates=800).resolved().min_updates == 800
-    assert not tiny.fits_batch(TrainConfig(max_tokens=4096, min_updates=0).resolved())
-    assert not tiny.fits_batch(TrainConfig(max_tokens=1024).resolved())  # cannot halve: not timed
+    assert not tiny.checks_user_batch(TrainConfig(max_tokens=4096, min_updates=0).resolved())
+    assert not tiny.fits_batch(TrainConfig(max_tokens=1024, fit_batch=True).resolved())
     assert TrainConfig(config="base").resolved().min_updates == 0
     assert not tiny.fits_batch(TrainConfig(max_steps=100).resolved())  # no time budget
-    with pytest.raises(TrainError, match="--min-updates must not be negative"):
+    with pytest.raises(TrainError, match="--budget-min-updates must not be negative"):
         TrainConfig(min_updates=-1).resolved()
 
 
+def test_a_users_max_tokens_under_a_short_budget_is_kept_and_the_log_says_so(data_dir,
+                                                                            tmp_path):
+    """--max-tokens 2048 with a budget that holds too few updates: the run keeps 2,048, and
+    its first lines say how many updates the budget holds and what the preset would do."""
+    import io
+    log = io.StringIO()
+    t = trainer.Trainer(_config(data_dir, tmp_path / "kept", max_tokens=2048,
+                                min_updates=10**9, max_minutes=1.0), log_stream=log)
+    assert t.cfg.max_tokens == 2048 and t.batches.max_tokens == 2048 and not t.cfg.fitted_from
+    text = log.getvalue()
+    assert "warning: batch 2,048 tokens (--max-tokens, kept as given)" in text, text
+    assert "the tiny preset would train with 1,024-token batches here" in text
+    assert "fitted to the budget" not in text
+    t.close()
+
+
 def test_a_fitted_batch_trains_as_if_the_user_had_chosen_it(data_dir, tmp_path):
-    """A run whose budget is too short for its --max-tokens (here the user's) starts with the
-    halved batch, logs why and how to keep it, and its first update equals, bitwise, that of
-    a run given that batch: timing the batches changes no weight and no random state."""
+    """A run whose budget is too short for the preset's batch (fit_batch; here 2,048 tokens)
+    starts with the halved batch, logs why and how to keep it, and its first update equals,
+    bitwise, that of a run given that batch: timing the batches changes no weight and no
+    random state."""
     import io
     log = io.StringIO()
     fitted = trainer.Trainer(_config(data_dir, tmp_path / "fitted", max_tokens=2048,
-                                     min_updates=10**9, max_minutes=1.0), log_stream=log)
+                                     fit_batch=True, min_updates=10**9, max_minutes=1.0),
+                             log_stream=log)
     assert fitted.cfg.max_tokens == 1024 and fitted.batches.max_tokens == 1024
     assert "batch: 1,024 tokens, fitted to the budget: an update of 2,048 tokens takes" in \
         log.getvalue()
-    assert "--min-updates 0 keeps 2,048" in log.getvalue()
+    assert "--max-tokens 2,048 keeps it" in log.getvalue()
     given = trainer.Trainer(_config(data_dir, tmp_path / "given", max_tokens=1024,
                                     min_updates=0, max_minutes=1.0),
                             log_stream=open(os.devnull, "w"))
@@ -73,11 +93,10 @@ def test_a_fitted_batch_trains_as_if_the_user_had_chosen_it(data_dir, tmp_path):
 
 def test_a_job_requeued_with_its_first_command_keeps_its_fitted_batch(data_dir, tmp_path,
                                                                       capsys):
-    """A --max-tokens fitted to the budget is stored with the batch it came from: the same
-    command with --resume auto (a requeued job) continues with the fitted batch, as the
+    """The preset's batch fitted to the budget is stored with the batch it came from: the
+    same command with --resume auto (a requeued job) continues with the fitted batch, as the
     run trained, instead of refusing the batch iterator's position."""
-    args = ("--max-minutes", "0.03", "--min-updates", "1000000000", "--max-tokens", "2048",
-            "--resume", "auto")
+    args = ("--max-minutes", "0.03", "--budget-min-updates", "1000000000", "--resume", "auto")
     code, out, err = _train_tiny(capsys, data_dir, tmp_path / "r", *args)
     assert code == 0, err
     first = json.loads(out.strip().splitlines()[-1])

@@ -3,10 +3,12 @@
 Two choices, each measured on the shipped corpus (docs/training.md, "The tiny recipe"; the
 runs behind them in docs/experiments/2026-12-tiny-recipe.md):
 
-- **The batch** (``--min-updates`` N, the ``tiny`` preset's 1,500): a run with a time budget
-  times a few passes of its largest batch and halves the batch while the budget at that
-  pace would hold fewer than N updates (:func:`fit_batch_to_budget`): below about a
-  thousand updates a small model is short of updates, not of tokens.
+- **The batch** (``--budget-min-updates`` N, the ``tiny`` preset's 1,500): a run with a time
+  budget and the preset's batch times a few passes of it and halves the batch while the
+  budget at that pace would hold fewer than N updates (:func:`fit_batch_to_budget`): below
+  about a thousand updates a small model is short of updates, not of tokens. A
+  ``--max-tokens`` the user gives is kept; the log says when the budget holds fewer than N
+  updates of it, and what the preset would have chosen (:func:`warn_user_batch`).
 - **Dropout** (``full_dropout_epochs`` and its companions): the preset's late dropout (none
   in the first epochs, while the data is still new) gives way to dropout from epoch
   ``long_dropout_from_epoch`` where the budget holds ``full_dropout_epochs`` passes or more,
@@ -42,7 +44,7 @@ def can_halve(max_tokens: int) -> bool:
 
 def fitted_max_tokens(max_tokens: int, seconds_per_update: float, budget_seconds: float,
                       min_updates: int, max_steps: int = 0) -> int:
-    """The batch for a time budget (``--min-updates``): ``max_tokens``, halved while the
+    """The batch for a time budget (``--budget-min-updates``): ``max_tokens``, halved while the
     budget, at ``seconds_per_update`` for batches of ``max_tokens`` (an update's time taken
     as proportional to its tokens), holds fewer than ``min_updates`` updates, and never
     below :data:`MIN_FITTED_TOKENS`. Unchanged when ``max_steps`` ends the run first.
@@ -71,7 +73,7 @@ def fit_batch_to_budget(cfg, per_update: float, log):
     """``cfg`` (a :class:`~tinytf.training.config.TrainConfig`) with its batch fitted to the
     time budget: at ``per_update`` seconds for an update of ``--max-tokens`` (the preset's
     or the user's, the largest batch the fit keeps) :func:`fitted_max_tokens` halves the
-    batch while the budget holds fewer than ``--min-updates`` updates (of ``--update-freq``
+    batch while the budget holds fewer than ``--budget-min-updates`` updates (of ``--update-freq``
     batches each). The choice and its reason go to ``log.info``; a fitted config records
     the size it was fitted from (``fitted_from``). Under MPI every rank passes rank 0's
     pace (:meth:`~tinytf.training.trainer.Trainer.measure_pace`), so every rank fits the same
@@ -84,11 +86,11 @@ def fit_batch_to_budget(cfg, per_update: float, log):
     pace = (f"an update of {size} tokens takes about {per_update:.2f} s here: about "
             f"{updates:,.0f} in {count_of(cfg.max_minutes, 'minute')}")
     if fitted == cfg.max_tokens:
-        log.info(f"batch: {fitted:,} tokens: {pace} (--min-updates {cfg.min_updates})")
+        log.info(f"batch: {fitted:,} tokens: {pace} (--budget-min-updates {cfg.min_updates})")
         return cfg
     log.info(f"batch: {fitted:,} tokens, fitted to the budget: {pace}, fewer than "
-             f"--min-updates {cfg.min_updates} (docs/training.md, \"The batch and the "
-             f"budget\"; --min-updates 0 keeps {cfg.max_tokens:,})")
+             f"--budget-min-updates {cfg.min_updates} (docs/training.md, \"The batch and "
+             f"the budget\"; --max-tokens {cfg.max_tokens:,} keeps it)")
     return dataclasses.replace(cfg, max_tokens=fitted, fitted_from=cfg.max_tokens)
 
 
@@ -197,10 +199,35 @@ def dropout_for_budget(cfg, p_drop: float, epochs: float | None, log, pace: str 
 
 
 def fits_batch(cfg) -> bool:
-    """Whether a new run of the resolved ``cfg`` fits its batch to its time budget (not when
-    the batch is already too small to halve)."""
-    return bool(cfg.min_updates and cfg.max_minutes and not cfg.resume
+    """Whether a new run of the resolved ``cfg`` fits its batch to its time budget: only the
+    preset's batch (a --max-tokens the user gave is kept), and not when it is already too
+    small to halve."""
+    return bool(cfg.fit_batch and cfg.min_updates and cfg.max_minutes and not cfg.resume
                 and can_halve(cfg.max_tokens))
+
+
+def checks_user_batch(cfg) -> bool:
+    """Whether a new run keeps the user's --max-tokens under a time budget that the preset
+    would fit its batch to: then the pace is timed, to say if the budget holds few updates."""
+    return bool(not cfg.fit_batch and cfg.min_updates and cfg.max_minutes and not cfg.resume)
+
+
+def warn_user_batch(cfg, per_update: float, log) -> None:
+    """The first log lines' word on a user's --max-tokens that leaves the time budget fewer
+    than --budget-min-updates updates, and the batch the preset would have chosen."""
+    updates = cfg.max_minutes * 60.0 / per_update
+    if updates >= cfg.min_updates:
+        log.info(f"batch: {cfg.max_tokens:,} tokens (--max-tokens): about {updates:,.0f} "
+                 f"updates in {count_of(cfg.max_minutes, 'minute')} at this machine's pace")
+        return
+    preset = cfg.preset_defaults()["max_tokens"]
+    chosen = fitted_max_tokens(preset, per_update * preset / cfg.max_tokens,
+                               cfg.max_minutes * 60.0, cfg.min_updates, cfg.max_steps or 0)
+    log.info(f"warning: batch {cfg.max_tokens:,} tokens (--max-tokens, kept as given): an "
+             f"update takes about {per_update:.2f} s here, about {updates:,.0f} updates in "
+             f"{count_of(cfg.max_minutes, 'minute')}, fewer than the preset's "
+             f"--budget-min-updates {cfg.min_updates}; the {cfg.config} preset would train "
+             f"with {chosen:,}-token batches here (leave --max-tokens out to let it)")
 
 
 class TinyRecipe(Recipe):
@@ -211,7 +238,7 @@ class TinyRecipe(Recipe):
     @staticmethod
     def applies(cfg, model_cfg) -> bool:
         """Whether ``cfg`` asks for either rule (the ``tiny`` preset's defaults do)."""
-        return fits_batch(cfg) or drops_late(cfg, model_cfg)
+        return fits_batch(cfg) or checks_user_batch(cfg) or drops_late(cfg, model_cfg)
 
     def __init__(self, cfg, model_cfg):
         late = drops_late(cfg, model_cfg)
@@ -222,8 +249,10 @@ class TinyRecipe(Recipe):
 
     def fit(self, trainer, cfg):
         """Time the machine's pace where a rule needs it; the batch fitted to the budget."""
-        if cfg.max_minutes and (fits_batch(cfg) or self.decide_now):
+        if cfg.max_minutes and (fits_batch(cfg) or checks_user_batch(cfg) or self.decide_now):
             self.per_update = trainer.measure_pace(cfg)
+        if checks_user_batch(cfg):
+            warn_user_batch(cfg, self.per_update, trainer.log)
         if fits_batch(cfg):
             cfg = fit_batch_to_budget(cfg, self.per_update, trainer.log)
             self.per_update *= cfg.max_tokens / (cfg.fitted_from or cfg.max_tokens)
