@@ -42,6 +42,10 @@ _PUBLIC = {   # name -> (module, attribute or None for the module itself)
     "stack": ("tinytf.nn.functional", "stack"),
     "where": ("tinytf.nn.functional", "where"),
     "backend": ("tinytf.engine.backend", None),
+    "Translator": ("tinytf.decoding.translation", "Translator"),
+    "EnsembleTranslator": ("tinytf.decoding.ensemble", "EnsembleTranslator"),
+    "TrainConfig": ("tinytf.training.config", "TrainConfig"),
+    "train": ("tinytf.training.api", "train"),
     "gradcheck": ("tinytf.engine.gradcheck", "gradcheck"),
     "gradcheck_module": ("tinytf.engine.gradcheck", "gradcheck_module"),
     **{name: ("tinytf.engine.creation", name) for name in (
@@ -53,7 +57,8 @@ _PUBLIC = {   # name -> (module, attribute or None for the module itself)
 __all__ = ["Tensor", "Function", "tensor", "no_grad", "is_grad_enabled", "manual_seed",
            "cat", "split", "stack", "where", "backend", "functional", "nn", "optim", "__version__",
            "gradcheck", "gradcheck_module", "zeros", "ones", "full", "rand", "randn", "arange",
-           "zeros_like", "ones_like", "full_like", "rand_like", "randn_like"]
+           "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "Translator",
+           "EnsembleTranslator", "TrainConfig", "train"]
 
 
 def __getattr__(name: str):

@@ -4,7 +4,7 @@
 - ``tinytf-translate`` (:mod:`.translate`; ``python translate.py``),
 - ``tinytf-average`` (:mod:`.average`: average a run's last checkpoints),
 - ``tinytf-prepare`` (:mod:`.prepare`: a run directory's BPE and encoded corpus, ahead of
-  training),
+  training; ``python -m tinytf.commands.prepare``),
 - ``tinytf-bpe`` (:mod:`.bpe`: learn, encode, decode).
 
 Each ``main(argv)`` returns the exit status: 0 done, 1 internal error (a traceback), 2 usage
@@ -16,6 +16,7 @@ is unset), and each ``main`` calls :func:`start_process` (glibc keeps freed memo
 docs/architecture.md, "Both cores" and "Freed memory", has the reasons and the figures.
 """
 
+import logging
 import os
 import sys
 
@@ -31,11 +32,27 @@ from tinytf.engine import backend  # noqa: E402 - after the variable above
 from tinytf.fast import memory  # noqa: E402
 
 
+class WarningLines(logging.Handler):
+    """The library's warnings (``tinytf`` loggers, WARNING and up) as ``warning: ...``
+    lines on stderr: what a command shows of them (a library user configures ``logging``)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tinytf.utils.streams import note  # noqa: PLC0415
+        note(f"warning: {record.getMessage()}")
+
+
 def start_process() -> None:
     """What a command does to its process when it starts: glibc keeps freed memory for the
     next step (:func:`tinytf.fast.memory.keep_by_default`; ``TINYTF_KEEP_MEMORY=0`` or a
-    malloc tuning of the user's own leaves it as it is)."""
+    malloc tuning of the user's own leaves it as it is), and the library's warnings are
+    shown on stderr (:class:`WarningLines`)."""
     memory.keep_by_default()
+    logger = logging.getLogger("tinytf")
+    if not any(isinstance(h, WarningLines) for h in logger.handlers):
+        logger.addHandler(WarningLines())
 
 
 def device_default() -> str:

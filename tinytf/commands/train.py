@@ -16,6 +16,7 @@ Exit status: 0 done, 1 internal error, 2 usage or data error, 128 + N stopped by
 update with nothing to save. See docs/training.md.
 """
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -39,7 +40,7 @@ from tinytf.training.config import (
     read_config_file,
 )
 from tinytf.training.run import train
-from tinytf.training.run_dir import resumed_config
+from tinytf.training.run_dir import has_checkpoint, resumed_config
 from tinytf.training.signals import StopRequested
 from tinytf.utils.checkpoint import CheckpointError
 from tinytf.utils.streams import drop_stdout
@@ -163,6 +164,10 @@ def _run_options(p, d: TrainConfig) -> None:
                    help="start a new run from another run's weights and BPE (fine-tuning)")
     p.add_argument("--log-interval", type=int, default=d.log_interval, metavar="N",
                    help=f"updates per log line (default: {d.log_interval})")
+    p.add_argument("--log-format", choices=("text", "json"), default=d.log_format,
+                   help="progress on stderr as text lines or JSON objects (default: text)")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="also write the curves as TensorBoard scalars (needs tensorboardX)")
     p.add_argument("--save-interval-updates", dest="save_interval", type=int, metavar="N",
                    help="updates between checkpoints (default: tiny 200, others 1000)")
     p.add_argument("--validate-interval-updates", dest="valid_interval", type=int, metavar="N",
@@ -247,6 +252,23 @@ def config_from_args(args, given=frozenset(), notice=None) -> TrainConfig:
     return apply_overrides(cfg, args.set).resolved()
 
 
+def fresh_default_out(cfg: TrainConfig, given, notice) -> TrainConfig:
+    """A new run whose run directory was not named (``--out``) and whose default one already
+    holds a run: the next free ``RUNDIR-2``, ``RUNDIR-3``, ..., and ``notice`` says which and
+    what the old run holds (the README's main job run twice trains twice)."""
+    if "out" in given or cfg.resume or not has_checkpoint(cfg.out):
+        return cfg
+    number = 2
+    while os.path.exists(f"{cfg.out}-{number}"):
+        number += 1
+    summary = os.path.join(cfg.out, "summary.json")
+    held = "a finished run (its result: " + summary + ")" if os.path.isfile(summary) \
+        else "a run that did not finish (--out " + cfg.out + " --resume continues it)"
+    if notice:
+        notice(f"{cfg.out} holds {held}; this new run goes to {cfg.out}-{number}")
+    return dataclasses.replace(cfg, out=f"{cfg.out}-{number}")
+
+
 def _prog() -> str:
     """The program's name for messages: ``train.py`` or ``tinytf-train``, as it was called."""
     return os.path.basename(sys.argv[0]) or "train.py"
@@ -281,11 +303,14 @@ def main(argv=None) -> int:
     comm = distributed.init()
     with comm.guard():
         try:
-            cfg = config_from_args(args, given, notice=lambda text: print(
-                f"{_prog()}: {text}", file=sys.stderr) if comm.is_root else None)
+            notice = (lambda text: print(f"{_prog()}: {text}", file=sys.stderr)) \
+                if comm.is_root else None
+            cfg = config_from_args(args, given, notice=notice)
+            cfg = comm.broadcast_object(fresh_default_out(cfg, given, notice)
+                                        if comm.is_root else None)
             if cfg.device == "gpu" and args.device != "gpu":
                 _gpu_of_a_resumed_run(comm)
-            summary = train(cfg, comm=comm, process_exits=True)
+            summary = train(cfg, comm=comm, log_stream=sys.stderr, process_exits=True)
         except USER_ERRORS as e:
             if comm.size > 1:
                 comm.abort(f"{_prog()}: error: {e}", code=2)

@@ -1,11 +1,14 @@
 """Translate raw text with a trained tinytf run: beam search, detokenised output, optional BLEU.
 
-    python translate.py --model runs/tiny --input data/ende/test.en --output out.de \\
+    python translate.py --model runs/ende-tiny --input data/ende/test.en --output out.de \\
         --reference data/ende/test.de
+    python translate.py --model runs/a runs/b --output-format jsonl   # an ensemble, JSON lines
 
 Writes exactly one output line per input line, in input order (an empty input line gives an
 empty output line). With ``--nbest K > 1`` it writes K lines per input in Moses' n-best
-format ``LINE ||| translation ||| LogProb=... Len=... ||| score`` (LINE counts from 0).
+format ``LINE ||| translation ||| LogProb=... Len=... ||| score`` (LINE counts from 0);
+``--output-format tsv`` writes each hypothesis with its score and log-probability, ``jsonl``
+one JSON object per input line. On a terminal it prompts for sentences.
 Warnings, progress and errors go to stderr; the BLEU and chrF lines go to stdout, or to
 stderr when the translations do. The input is read and translated ``--buffer-size`` lines
 at a time and each block is written at once, so the command also serves interactively (a
@@ -24,6 +27,7 @@ import sys
 import threading
 
 from tinytf.commands import device_default, start_process
+from tinytf.decoding.ensemble import EnsembleTranslator
 from tinytf.decoding.search import Hypothesis
 from tinytf.decoding.translation import (
     DecodeProgress,
@@ -52,9 +56,10 @@ from tinytf.utils.workers import (
 
 def _model_options(p) -> None:
     """The model and the search."""
-    p.add_argument("--model", required=True, metavar="RUNDIR|CHECKPOINT",
+    p.add_argument("--model", required=True, nargs="+", metavar="RUNDIR|CHECKPOINT",
                    help="a run directory (its checkpoint_last.npz or newest checkpoint) or a "
-                        "checkpoint file; the BPE model is found beside it")
+                        "checkpoint file, the BPE model beside it; several: an ensemble of "
+                        "models of one BPE (their mean probability at each step)")
     p.add_argument("--average", type=int, default=1, metavar="K",
                    help="average the last K checkpoints of the run directory before decoding "
                         "(default: 1, no averaging)")
@@ -66,8 +71,7 @@ def _model_options(p) -> None:
                    help="at most a * source tokens + b output tokens (default: a=1, b=50)")
     p.add_argument("--max-len-b", type=int, default=50, help="see --max-len-a")
     p.add_argument("--nbest", type=int, default=1, metavar="K",
-                   help="write the K best translations of each line (Moses n-best format; "
-                        "default: 1)")
+                   help="write the K best translations of each line (default: 1)")
 
 
 def _io_options(p) -> None:
@@ -76,6 +80,10 @@ def _io_options(p) -> None:
                    help="raw text, one sentence a line (default: stdin)")
     p.add_argument("--output", default="-", metavar="FILE|-",
                    help="where translations go (default: stdout)")
+    p.add_argument("--output-format", choices=("text", "tsv", "jsonl"), default="text",
+                   help="text: the translation (Moses n-best lines with --nbest); tsv: "
+                        "translation, score and log P per hypothesis; jsonl: one object per "
+                        "input line (default: text)")
     p.add_argument("--errors", choices=("strict", "replace"), default="strict",
                    help="invalid UTF-8 in the input: stop with an error naming the line, or "
                         "replace the bad bytes with U+FFFD (default: strict)")
@@ -117,7 +125,7 @@ def _device_options(p) -> None:
                    default="float32",
                    help="compute precision of the model's products (tinytf.fast.amp; bf16 and "
                         "tf32 pay off on a GPU; on the CPU bf16 is emulated and fp16 has no "
-                        "BLAS, about 40x slower than float32; default: float32)")
+                        "BLAS, tens of times slower; default: float32)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="decode the batches in N processes of T / N threads each, T being "
                         "$TINYTF_THREADS, $OMP_NUM_THREADS, $OPENBLAS_NUM_THREADS or the CPUs "
@@ -144,6 +152,9 @@ def _check(args, parser):
         parser.error(f"--nbest {args.nbest} is larger than --beam {args.beam}")
     if args.max_len_a < 0 or args.max_len_b < 0:
         parser.error("--max-len-a and --max-len-b must not be negative")
+    if len(args.model) > 1 and (args.score_reference or args.print_attention):
+        parser.error("--score-reference and --print-attention take one --model, not an "
+                     "ensemble")
     for name in ("batch_size", "max_tokens", "workers"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -213,10 +224,27 @@ def _close(out) -> None:
         pass
 
 
-def _format(translator, results, nbest: int, first: int) -> list[str]:
+def _format(translator, results, nbest: int, first: int, fmt: str = "text",
+            lines=None) -> list[str]:
     """Output lines: the best translation per input line, or Moses n-best lines
     ``LINE ||| text ||| LogProb=log P Len=tokens ||| score`` (LINE counting from 0 over the
-    whole input; score is the length-penalised log P the beam ranks by)."""
+    whole input; score is the length-penalised log P the beam ranks by); ``fmt`` "tsv":
+    ``translation TAB score TAB log P`` per hypothesis; "jsonl": one JSON object per input
+    line (its ``source`` from ``lines``)."""
+    empty = Hypothesis((), 0.0, 0.0)
+    if fmt == "tsv":
+        return [f"{translator.detokenize(h)}\t{h.score:.4f}\t{h.log_prob:.4f}"
+                for n in results for h in n or [empty]]
+    if fmt == "jsonl":
+        out = []
+        for i, (n, source) in enumerate(zip(results, lines), first + 1):
+            hyps = [{"translation": translator.detokenize(h), "score": round(h.score, 4),
+                     "log_prob": round(h.log_prob, 4)} for h in n or [empty]]
+            doc = {"line": i, "source": source, **hyps[0]}
+            if nbest > 1:
+                doc["nbest"] = hyps
+            out.append(json.dumps(doc, ensure_ascii=False))
+        return out
     if nbest == 1:
         return [translator.detokenize(n[0]) if n else "" for n in results]
     return [f"{i} ||| {translator.detokenize(h)} ||| LogProb={h.log_prob:.4f} "
@@ -295,10 +323,20 @@ def _open_files(args):
     if problem is not None:     # before any file is opened or written
         raise TranslationError(f"--device gpu {problem}")
     references = read_text_lines(args.reference, args.errors) if args.reference else None
+    if references is not None and args.input != "-" and os.path.isfile(args.input):
+        lines = count_input_lines(args.input)
+        if lines != len(references):     # before any decoding, not after it all
+            raise TranslationError(f"{args.reference}: {len(references)} reference lines for "
+                                   f"{lines} input lines in {args.input}")
     fd, infile = _open_input(args.input)
     try:
-        translator = Translator.load(args.model, average=args.average, device=args.device,
-                                     precision=args.precision)
+        if len(args.model) > 1:
+            translator = EnsembleTranslator.load_all(args.model, average=args.average,
+                                                     device=args.device,
+                                                     precision=args.precision)
+        else:
+            translator = Translator.load(args.model[0], average=args.average,
+                                         device=args.device, precision=args.precision)
     except BaseException:
         if infile is not None:
             infile.close()
@@ -317,6 +355,34 @@ def _open_files(args):
     return references, fd, infile, translator, out
 
 
+def _is_terminal(fd: int) -> bool:
+    """Whether ``fd`` is a terminal (someone typing)."""
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def _prompt() -> None:
+    """``> `` on stderr, without a newline: the next sentence, please."""
+    try:
+        sys.stderr.write("> ")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def count_input_lines(path: str) -> int:
+    """The lines of file ``path`` as :func:`read_text_lines` counts them (only ``\n`` ends
+    a line; a last line without one counts), read in blocks of 1 MiB."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
 @dataclasses.dataclass
 class Written:
     """The input lines whose translations are written whole so far."""
@@ -332,6 +398,10 @@ def _translate_blocks(args, translator, fd, out, name, written: Written) -> list
     workers = args.workers or thread_budget()
     progress = DecodeProgress(every=5.0) if not args.quiet else None
     best = []
+    prompt = args.input == "-" and not args.quiet and _is_terminal(fd)
+    if prompt:
+        note(f"{_prog()}: type a sentence and Enter to translate it; Ctrl-D ends")
+        _prompt()
     # The weights are fixed for the whole command: their transposes are copied once for all
     # the blocks, not once per block (docs/decoding.md, "Cores").
     with transposed_weights(translator.model):
@@ -342,7 +412,8 @@ def _translate_blocks(args, translator, fd, out, name, written: Written) -> list
             first = written.lines
             with stop_signals_held():   # a block is written whole and counted, or not
                 _write(out, [line + "\n" for line in _format(
-                    translator, results, args.nbest, first)], args.output, first)
+                    translator, results, args.nbest, first, args.output_format, lines)],
+                       args.output, first)
                 written.lines += len(lines)
             if args.print_attention:
                 _write_svgs(translator, sources, results, args.print_attention, first + 1)
@@ -350,6 +421,8 @@ def _translate_blocks(args, translator, fd, out, name, written: Written) -> list
                 best += [translator.detokenize(n[0]) if n else "" for n in results]
             if progress is not None:
                 progress(written.lines, None)
+            if prompt:
+                _prompt()
     if progress is not None:
         note(progress.summary(written.lines))
     return best

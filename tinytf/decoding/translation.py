@@ -17,6 +17,7 @@ Outputs never contain a line break, so one input line gives exactly one output l
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import sys
@@ -39,6 +40,8 @@ from tinytf.utils.streams import note
 # Tokens the decoder may never emit: padding, the start symbol, and <unk> (the byte-fallback
 # BPE never produces it, so the model was never taught when to).
 BANNED_IDS = (PAD_ID, BOS_ID, UNK_ID)
+_LOG = logging.getLogger("tinytf.decoding")
+logging.getLogger("tinytf").addHandler(logging.NullHandler())   # a library's default: quiet
 # Every character that str.splitlines() or a text-mode reader treats as a line break.
 LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _NO_BREAKS = str.maketrans({c: " " for c in LINE_BREAKS})
@@ -236,6 +239,13 @@ class Translator:
 
     ``precision`` ("float32", "tf32", "bf16", "fp16"; see :mod:`tinytf.fast.amp`) is the policy
     the search runs under: bf16 halves the memory traffic of the products on a GPU.
+
+    From Python (``tinytf.Translator``)::
+
+        translator = tinytf.Translator.load("runs/ende-tiny")      # or a checkpoint file
+        translator.translate(["Good morning.", "Thank you."])       # -> ["Guten Morgen.", ...]
+        translator.translate("Good morning.", beam=8, nbest=2, with_scores=True)
+        # -> [("Guten Morgen.", -0.41), ("Guten Morgen!", -1.73)]
     """
 
     def __init__(self, model: Transformer, bpe: BPE, device: str = "cpu",
@@ -245,7 +255,7 @@ class Translator:
         self.bpe = bpe
         self.device = device
         self.precision = amp.Policy(precision)
-        self.warn = lambda message: note(f"warning: {message}")
+        self.warn = _LOG.warning      # "tinytf.decoding": translate.py shows it on stderr
 
     @classmethod
     def load(cls, path, average: int = 1, device: str = "cpu",
@@ -376,6 +386,31 @@ class Translator:
     def detokenize(self, hyp: Hypothesis) -> str:
         """The text of a hypothesis, on one line."""
         return one_line(self.bpe.decode(hyp.tokens))
+
+    def translate(self, lines, beam: int = 4, alpha: float = 0.6, nbest: int = 1,
+                  with_scores: bool = False, max_len_a: float = 1.0, max_len_b: int = 50,
+                  batch_size: int | None = None, max_tokens: int | None = None):
+        """Translate a sentence or a list of them: a string each (``nbest=1``), a list of
+        ``nbest`` strings each, or with ``with_scores`` a list of (text, score) pairs each
+        (score: log P / ((5 + |Y|) / 6) ** alpha, what the beam ranks by). A single string in
+        gives a single result out. ``beam=1`` is greedy search."""
+        single = isinstance(lines, str)
+        batch = [lines] if single else list(lines)
+        if not all(isinstance(line, str) for line in batch):
+            raise TypeError("translate takes a string or a list of strings")
+        if beam < 1 or not 1 <= nbest <= beam:
+            raise ValueError(f"need beam >= 1 and 1 <= nbest <= beam, got beam {beam}, "
+                             f"nbest {nbest}")
+        options = SearchOptions(beam_size=beam, alpha=alpha, max_len_a=max_len_a,
+                                max_len_b=max_len_b, nbest=nbest)
+        results = self.translate_lines(batch, options, batch_size, max_tokens)
+        if with_scores:
+            out = [list(r) for r in results]
+        elif nbest == 1:
+            out = [r[0][0] for r in results]
+        else:
+            out = [[text for text, _ in r] for r in results]
+        return out[0] if single else out
 
     def translate_lines(self, lines, options: SearchOptions, batch_size=None, max_tokens=None,
                         progress=None, name: str = "<input>",

@@ -71,6 +71,8 @@ class TrainConfig:
     precision: str = "float32"        # float32 | tf32 | bf16 | fp16 (tinytf.fast.amp)
     cuda_graph: bool = False          # replay steps as CUDA graphs (GPU; cuda_graph.StepGraphs)
     log_interval: int = 10
+    log_format: str = "text"          # the progress on stderr: text lines or JSON objects
+    tensorboard: str | None = None    # a directory for TensorBoard scalars (tensorboardX)
     save_interval: int | None = None  # steps between checkpoints
     valid_interval: int | None = None  # steps between validations (default: save_interval)
     keep_last: int = 5
@@ -253,6 +255,8 @@ class TrainConfig:
         for key in ("lr_factor", "lr"):
             if getattr(self, key) is not None and not getattr(self, key) > 0:
                 raise TrainError(f"{option_of(key)} must be positive, got {getattr(self, key)}")
+        if self.log_format not in ("text", "json"):
+            raise TrainError(f"--log-format {self.log_format!r}: choose text or json")
         if self.best_metric not in ("loss", "bleu"):
             raise TrainError(f"--best-metric {self.best_metric!r}: choose loss or bleu")
         for key in ("max_steps", "max_minutes", "min_updates", "clip_norm", "keep_last",
@@ -274,7 +278,7 @@ FLAGS = frozenset((
     "max_steps", "max_minutes", "lr_schedule", "lr", "warmup", "lr_factor", "optimizer",
     "vocab_size", "seed", "resume", "device", "precision", "cuda_graph", "log_interval",
     "save_interval", "valid_interval", "keep_last", "clip_norm", "max_epochs", "patience",
-    "best_metric", "valid_samples", "init_from", "workers"))
+    "best_metric", "valid_samples", "init_from", "workers", "log_format", "tensorboard"))
 """The options that ``train.py`` has a flag for (``--max-tokens``), each parsed into the
 field of its name; the rest are set with ``--set key=value``."""
 
@@ -308,7 +312,10 @@ def read_config_file(path: str) -> dict:
     {TrainConfig field: value}. Unknown keys, wrong types, a file too large or unparseable
     are a :class:`TrainError` naming the file."""
     import json
-    import tomllib
+    try:
+        import tomllib
+    except ImportError:             # Python 3.10: no TOML reader in the standard library
+        tomllib = None
     try:
         size = os.path.getsize(path)
         if not os.path.isfile(path):
@@ -322,6 +329,9 @@ def read_config_file(path: str) -> dict:
         raise TrainError(f"{path}: {e.strerror or e}") from None
     try:
         if path.endswith(".toml"):
+            if tomllib is None:
+                raise TrainError(f"{path}: reading TOML needs Python 3.11 (tomllib); "
+                                 "give the options as JSON")
             values = tomllib.loads(raw.decode("utf-8"))
         else:
             values = json.loads(raw.decode("utf-8"))
@@ -329,7 +339,7 @@ def read_config_file(path: str) -> dict:
         raise TrainError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise TrainError(f"{path}: line {e.lineno}: {e.msg}") from None
-    except tomllib.TOMLDecodeError as e:
+    except ValueError as e:        # tomllib.TOMLDecodeError
         raise TrainError(f"{path}: {e}") from None
     except RecursionError:
         raise TrainError(f"{path}: nested too deeply") from None

@@ -45,6 +45,10 @@ def data_paths(cfg) -> dict:
             paths[split] = pair
         elif split != "test" or any(present):
             missing = [p for p, ok in zip(pair, present) if not ok]
+            if cfg.data == TrainConfig.data and not os.path.isdir(cfg.data):
+                raise TrainError(f"no {cfg.data} here: the shipped corpus is in tinytf's "
+                                 "source checkout (run from it), or give your own files "
+                                 "with --train SRC TGT --valid SRC TGT, or --data DIR")
             raise TrainError(f"{missing[0]}: {_file_problem(missing[0])} (--data {cfg.data} "
                              f"must hold train.{cfg.src}, train.{cfg.tgt}, dev.{cfg.src}, "
                              f"dev.{cfg.tgt}; test.* optional; or name the files with "

@@ -53,7 +53,7 @@ from tinytf.training.run_dir import (
 )
 from tinytf.training.signals import StopRequested, StopSignals
 from tinytf.utils import checkpoint
-from tinytf.utils.log import Logger
+from tinytf.utils.log import Logger, TensorBoardScalars
 
 
 def step_seed(seed: int, rank: int, update: int) -> int:
@@ -69,6 +69,16 @@ class Update:
     loss_sum: object
     norm: object
     tokens: float
+
+
+def scalars_for(cfg, root: bool):
+    """The TensorBoard writer of ``--tensorboard DIR`` on rank 0, else None."""
+    if not cfg.tensorboard or not root:
+        return None
+    try:
+        return TensorBoardScalars(cfg.tensorboard)
+    except ImportError as e:
+        raise TrainError(str(e)) from None
 
 
 class Trainer(TrainingLoop):
@@ -92,7 +102,8 @@ class Trainer(TrainingLoop):
             raise TrainError(f"--device gpu {problem}")
         paths = data_paths(cfg)     # (a missing file fails before the directory is made)
         self.cfg, self.lock = claim_run_dir(cfg, self.comm)  # --resume settled, locked
-        self.log = Logger(self.run_dir, enabled=self.root, stream=log_stream)
+        self.log = Logger(self.run_dir, enabled=self.root, stream=log_stream,
+                          fmt=cfg.log_format, tensorboard=scalars_for(cfg, self.root))
         self.signals = StopSignals(self.log)
         try:
             # A stop signal while the run starts (the BPE learnt, the corpus encoded, the
@@ -356,5 +367,8 @@ class Trainer(TrainingLoop):
 
     def close(self) -> None:
         """Release the run directory (done by :meth:`train` at its end)."""
+        if self.log.tensorboard is not None:
+            self.log.tensorboard.close()
+            self.log.tensorboard = None
         if self.lock is not None:
             self.lock.release()

@@ -1,11 +1,19 @@
-"""The training log: human-readable lines (stderr, and RUNDIR/train.log with timestamps) and
-records (RUNDIR/log.jsonl, read back for the plot)."""
+"""The training log: human-readable lines and records.
+
+Every line goes to the standard ``logging`` logger ``tinytf.train`` (a program that embeds
+tinytf silences, redirects or formats it as any library's: ``logging.getLogger("tinytf")``)
+and to RUNDIR/train.log with a timestamp; every record (step, loss, learning rate, ...) to
+RUNDIR/log.jsonl, read back for the plot. The command line also hands the Logger a stream
+(stderr), written as text lines or, with ``--log-format json``, as one JSON object per line
+(lines and records); ``--tensorboard DIR`` adds the records as TensorBoard scalars
+(:class:`TensorBoardScalars`, with the optional ``tensorboardX``).
+"""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
-import sys
 import time
 
 from tinytf.utils.files import open_own
@@ -28,27 +36,49 @@ def format_seconds(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
+logging.getLogger("tinytf").addHandler(logging.NullHandler())   # a library's default: quiet
+
+LOG_FORMATS = ("text", "json")
+
+
 class Logger:
-    """Log lines to stderr and RUNDIR/train.log, records to RUNDIR/log.jsonl; silent on
-    ranks other than 0 (stdout is kept for the final JSON summary).
+    """Log lines to the ``tinytf.train`` logger, RUNDIR/train.log and the ``stream`` if
+    given (text, or JSON with ``fmt="json"``), records to RUNDIR/log.jsonl (and the
+    ``tensorboard`` scalars if given); silent on ranks other than 0 (stdout is kept for the
+    final JSON summary).
 
     A log that cannot be written never stops the training: a stream that went away (a
     closed pipe: ``train.py 2>&1 | tee`` whose reader ended, a closed terminal) is left,
     and the lines go on in train.log; a file the disk refuses (full) is warned of once on
     the stream and tried again at every line."""
 
-    def __init__(self, run_dir, enabled=True, stream=None):
+    def __init__(self, run_dir, enabled=True, stream=None, fmt: str = "text", tensorboard=None):
         self.enabled = enabled
-        self.stream = stream or sys.stderr
+        self.stream = stream
+        self.fmt = fmt
+        self.tensorboard = tensorboard
+        self.logger = logging.getLogger("tinytf.train")
         self.text_path = os.path.join(run_dir, "train.log")
         self.json_path = os.path.join(run_dir, "log.jsonl")
         self._failed = set()        # the files whose last write failed (warned of once)
+
+    def _show(self, message: str, record: dict | None = None):
+        """``message`` (or the ``record``) on the stream in its format; the error if the
+        stream stopped taking lines, else None."""
+        if self.stream is None:
+            return None
+        if self.fmt == "json":
+            doc = record if record is not None else {
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "message": message}
+            return note(json.dumps(doc, allow_nan=True), self.stream)
+        return note(message, self.stream) if record is None else None
 
     def info(self, message: str) -> None:
         """One human-readable line (in train.log after a local timestamp)."""
         if not self.enabled:
             return
-        error = note(message, self.stream) if self.stream is not None else None
+        self.logger.info(message)
+        error = self._show(message)
         if error is not None:                       # a closed pipe, or a closed file
             self.stream = None
             self._append(self.text_path, f"{time.strftime('%Y-%m-%d %H:%M:%S')} | the log's "
@@ -59,6 +89,10 @@ class Logger:
         """One machine-readable record (read back by the plot at the end)."""
         if self.enabled:
             self._append(self.json_path, json.dumps(values, allow_nan=True) + "\n")
+            if self._show("", values) is not None:
+                self.stream = None
+            if self.tensorboard is not None:
+                self.tensorboard.add(values)
 
     def _append(self, path: str, text: str) -> None:
         """``text`` at the end of ``path``; a refused write is warned of on the stream, once
@@ -87,6 +121,35 @@ class Logger:
                 except json.JSONDecodeError:
                     continue  # a line cut by a crash
         return out
+
+
+class TensorBoardScalars:
+    """The log's records as TensorBoard scalars in ``directory`` (``--tensorboard DIR``):
+    ``train/loss``, ``train/lr``, ... and ``valid/dev_loss``, ``valid/dev_bleu`` against the
+    update number. Needs the optional ``tensorboardX`` (``pip install tinytf[tensorboard]``)."""
+
+    def __init__(self, directory: str):
+        try:
+            from tensorboardX import SummaryWriter  # noqa: PLC0415 - optional dependency
+        except ImportError:
+            raise ImportError("--tensorboard needs tensorboardX: pip install tensorboardX "
+                              "(or tinytf[tensorboard])") from None
+        self.writer = SummaryWriter(directory)
+
+    def add(self, values: dict) -> None:
+        """The numbers of one record, at its ``step``."""
+        step = values.get("step")
+        if step is None:
+            return
+        group = "valid" if any(k.startswith("dev_") for k in values) else "train"
+        for key, value in values.items():
+            if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                self.writer.add_scalar(f"{group}/{key}", value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        """Write what is left and close the event file."""
+        self.writer.close()
 
 
 def log_window(log: Logger, step: int, epoch: int, window: dict, elapsed: float, eta: float,

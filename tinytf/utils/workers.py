@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
-import ctypes
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.util  # noqa: F401 (its exit handler is registered before ours)
@@ -47,42 +46,20 @@ def thread_budget() -> int:
     return available_cpus()
 
 
-def _openblas_functions(names):
-    """The first of ``names`` found in each OpenBLAS library loaded in this process (Linux)."""
-    try:
-        with open("/proc/self/maps", encoding="utf-8") as maps:
-            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
-    except OSError:
-        return []
-    found = []
-    for path in sorted(paths):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        function = next((getattr(lib, n) for n in names if hasattr(lib, n)), None)
-        if function is not None:
-            found.append(function)
-    return found
-
-
 def set_blas_threads(n: int) -> bool:
-    """Size the thread pool of every OpenBLAS library loaded in this process to ``n`` threads,
-    at run time (``OPENBLAS_NUM_THREADS`` is read only when NumPy loads OpenBLAS; this is what
-    threadpoolctl does). Returns False where it cannot (no OpenBLAS, not Linux)."""
-    setters = _openblas_functions(_OPENBLAS_SETTERS)
-    for setter in setters:
-        setter(ctypes.c_int(int(n)))
-    return bool(setters)
+    """Size the thread pools of the BLAS libraries loaded in this process (OpenBLAS, MKL,
+    BLIS) to ``n`` threads, at run time (``OPENBLAS_NUM_THREADS`` is read only when NumPy
+    loads its BLAS), through threadpoolctl. Returns False where no BLAS pool was found."""
+    from threadpoolctl import threadpool_limits   # noqa: PLC0415 - loads only when used
+    limits = threadpool_limits(limits=int(n), user_api="blas")
+    return bool(limits.get_original_num_threads().get("blas"))
 
 
 def blas_threads() -> int | None:
-    """The thread count of the first OpenBLAS library loaded in this process (None: unknown)."""
-    getters = _openblas_functions([n.replace("_set_", "_get_") for n in _OPENBLAS_SETTERS])
-    if not getters:
-        return None
-    getters[0].restype = ctypes.c_int
-    return int(getters[0]())
+    """The thread count of the first BLAS library loaded in this process (None: unknown)."""
+    from threadpoolctl import threadpool_info     # noqa: PLC0415
+    pools = [p for p in threadpool_info() if p.get("user_api") == "blas"]
+    return int(pools[0]["num_threads"]) if pools else None
 
 
 def can_fork() -> bool:

@@ -1,0 +1,36 @@
+"""Training from Python: ``tinytf.train(...)`` runs what ``train.py`` runs and returns its
+summary.
+
+    import tinytf
+    summary = tinytf.train(train_files=["corpus.en", "corpus.de"],
+                           valid_files=["dev.en", "dev.de"], out="runs/mine", max_minutes=5)
+    summary["test_bleu"], summary["checkpoint"]
+    tinytf.Translator.load("runs/mine").translate("A sentence.")
+
+The options are :class:`~tinytf.training.config.TrainConfig`'s fields (a run's
+``config.json`` keys); a ``TrainConfig`` may be passed instead. Progress goes to the
+``tinytf`` logger and to ``RUNDIR/train.log``; the summary is also ``RUNDIR/summary.json``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from tinytf.training.config import TrainConfig, TrainError
+from tinytf.training.run import train as _run
+
+
+def train(config: TrainConfig | None = None, *, log_stream=None, **options) -> dict:
+    """Train a Transformer with ``config`` or the ``options`` (TrainConfig fields; unset
+    ones are the preset's) and return the run's summary dict. ``log_stream``: where the
+    progress lines go besides the ``tinytf`` logger (default: the logger only).
+    Raises :class:`~tinytf.training.config.TrainError` for options that cannot work."""
+    if config is not None and options:
+        config = dataclasses.replace(config, **options)
+    elif config is None:
+        fields = {f.name for f in dataclasses.fields(TrainConfig)}
+        unknown = sorted(set(options) - fields)
+        if unknown:
+            raise TrainError(f"unknown option {unknown[0]!r}: the options are TrainConfig's "
+                             f"fields ({', '.join(sorted(fields))})")
+        config = TrainConfig(**options)
+    return _run(config.resolved(), log_stream=log_stream)
