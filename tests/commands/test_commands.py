@@ -25,7 +25,7 @@ def installed(tmp_path_factory):
         pytest.skip("not a git checkout")
     src = base / "src"
     for name in files.stdout.splitlines():
-        if name.startswith(("tinytf/", "pyproject.toml", "README.md")):
+        if name.startswith(("tinytf/", "pyproject.toml", "README.md", "LICENSE")):
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(os.path.join(ROOT, name), src / name)
     wheel = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
@@ -55,6 +55,9 @@ def test_the_installed_commands_train_translate_and_average_from_another_directo
     for name in ("tinytf-train", "tinytf-translate", "tinytf-average", "tinytf-prepare",
                  "tinytf-bpe"):
         assert _run(installed, tmp_path, name, "--help").returncode == 0, name
+    bare = _run(installed, tmp_path, "tinytf-train", "--max-steps", "1")
+    assert bare.returncode == 2 and len(bare.stderr.strip().splitlines()) == 1, bare.stderr
+    assert "no data/ende here" in bare.stderr and "--train SRC TGT --valid SRC TGT" in bare.stderr
     data = os.path.join(ROOT, "data", "ende")
     run = tmp_path / "run"
     sets = [a for s in TINY for a in ("--set", s)]
