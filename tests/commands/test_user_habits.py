@@ -164,3 +164,22 @@ def test_help_is_short_and_every_option_has_text(capsys, monkeypatch):
         body = [line for line in entry.splitlines() if line.startswith(" ")]
         assert len(body) <= 4, body          # the option line and at most three of text
         assert "  " in body[0] or len(body) > 1, body   # some text
+
+
+def test_the_same_command_twice_starts_a_fresh_run_directory_and_says_so(data_dir, tmp_path,
+                                                                          capsys, monkeypatch):
+    """The README's main job run a second time: the default run directory holds a finished
+    run, so the new one goes to RUNDIR-2 (a named --out still refuses to start over a run)."""
+    monkeypatch.chdir(tmp_path)
+    args = ["--data", data_dir, *FAST, "--set", "test_bleu=false"]
+    code, out, err = _train_main(capsys, *args)
+    assert code == 0, err
+    first = os.path.join("runs", f"{os.path.basename(data_dir)}-tiny")
+    assert os.path.isfile(os.path.join(first, "summary.json"))
+    code, out, err = _train_main(capsys, *args)
+    assert code == 0, err
+    assert f"{first} holds a finished run (its result: {first}/summary.json); this new run " \
+           f"goes to {first}-2" in err
+    assert os.path.isfile(os.path.join(f"{first}-2", "summary.json"))
+    code, _, err = _train_main(capsys, *args, "--out", first)
+    assert code == 2 and "already holds a training run" in err
