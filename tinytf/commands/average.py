@@ -35,15 +35,22 @@ def refuse_overwriting(output, paths) -> None:
             "RUNDIR/averaged.npz)")
 
 
-def main(argv=None) -> int:
-    """Run the command line; returns the exit status (0 done, 2 a checkpoint error)."""
-    start_process()
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (``tinytf-average --help``)."""
     p = argparse.ArgumentParser(prog="tinytf-average", description=__doc__.split("\n\n")[0])
     p.add_argument("--inputs", nargs="+", required=True,
                    help="a run directory (its numbered checkpoints) or checkpoint files")
     p.add_argument("--num", type=int, default=5,
-                   help="with a run directory: average its last NUM numbered checkpoints")
+                   help="with a run directory: average its last NUM numbered checkpoints "
+                        "(default: 5)")
     p.add_argument("--output", required=True, help="where to write the averaged checkpoint")
+    return p
+
+
+def main(argv=None) -> int:
+    """Run the command line; returns the exit status (0 done, 2 a checkpoint error)."""
+    start_process()
+    p = build_parser()
     args = p.parse_args(argv)
     if args.num < 1:
         p.error(f"--num must be at least 1, got {args.num}")
