@@ -8,7 +8,7 @@ import cupy
 from tinytf.commands import train as command
 
 
-def probe(cfg, comm, process_exits):
+def probe(cfg, comm, process_exits, log_stream=None):
     print(json.dumps({"rank": comm.rank, "gpu": cupy.cuda.runtime.getDevice(),
                       "device": cfg.device}), flush=True)
     return {"stopped": "probe"}

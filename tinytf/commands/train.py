@@ -306,8 +306,9 @@ def main(argv=None) -> int:
             notice = (lambda text: print(f"{_prog()}: {text}", file=sys.stderr)) \
                 if comm.is_root else None
             cfg = config_from_args(args, given, notice=notice)
-            cfg = comm.broadcast_object(fresh_default_out(cfg, given, notice)
-                                        if comm.is_root else None)
+            out = comm.broadcast_object(fresh_default_out(cfg, given, notice).out
+                                        if comm.is_root else None)   # rank 0's choice
+            cfg = dataclasses.replace(cfg, out=out)
             if cfg.device == "gpu" and args.device != "gpu":
                 _gpu_of_a_resumed_run(comm)
             summary = train(cfg, comm=comm, log_stream=sys.stderr, process_exits=True)
