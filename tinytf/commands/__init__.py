@@ -55,6 +55,18 @@ def start_process() -> None:
         logger.addHandler(WarningLines())
 
 
+def add_file_pairs(p, what: str = "") -> None:
+    """``--train``, ``--valid`` and ``--test``, each a source file and a target file of any
+    names (train.py's and tinytf-prepare's data options)."""
+    pair = dict(nargs=2, metavar=("SRC_FILE", "TGT_FILE"))
+    p.add_argument("--train", dest="train_files", **pair,
+                   help=f"the training pair, any file names{what}")
+    p.add_argument("--valid", dest="valid_files", **pair,
+                   help="the dev pair that validation scores (with --train)")
+    p.add_argument("--test", dest="test_files", **pair,
+                   help="an optional test pair, scored at the end (with --train)")
+
+
 def device_default() -> str:
     """``--device``'s default: ``$TINYTF_DEVICE`` ("cpu" or "gpu"; "cpu" when unset). Any
     other value is a usage error: one line on stderr, exit 2."""

@@ -36,7 +36,7 @@ from tinytf.training.run_dir import (
 )
 from tinytf.training.signals import StopRequested, StopSignals
 from tinytf.utils.workers import WorkerError, signal_words
-from tinytf.commands import start_process
+from tinytf.commands import add_file_pairs, start_process
 
 
 class _Log:
@@ -52,12 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--train", nargs=2, dest="train_files", metavar=("SRC_FILE", "TGT_FILE"),
-                   help="the training pair, any file names (as train.py --train)")
-    p.add_argument("--valid", nargs=2, dest="valid_files", metavar=("SRC_FILE", "TGT_FILE"),
-                   help="the dev pair (with --train)")
-    p.add_argument("--test", nargs=2, dest="test_files", metavar=("SRC_FILE", "TGT_FILE"),
-                   help="an optional test pair (with --train)")
+    add_file_pairs(p, " (as train.py --train)")
     p.add_argument("--data", default=d.data, help=f"instead of the three: a directory with "
                    f"train.SRC, train.TGT, dev.SRC, dev.TGT (default: {d.data})")
     p.add_argument("--src", default=d.src, help=f"source language suffix (default: {d.src})")

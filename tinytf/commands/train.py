@@ -23,7 +23,7 @@ import signal
 import sys
 import textwrap
 
-from tinytf.commands import device_default, start_process
+from tinytf.commands import add_file_pairs, device_default, start_process
 from tinytf.data.batches import DataError
 from tinytf.distributed import communicator as distributed
 from tinytf.engine import backend
@@ -82,12 +82,7 @@ class Renamed(argparse.Action):
 
 def _data_options(p, d: TrainConfig) -> None:
     """The training data and its BPE."""
-    p.add_argument("--train", nargs=2, dest="train_files", metavar=("SRC_FILE", "TGT_FILE"),
-                   help="the training pair, any file names (raw text, one sentence per line)")
-    p.add_argument("--valid", nargs=2, dest="valid_files", metavar=("SRC_FILE", "TGT_FILE"),
-                   help="the dev pair that validation scores (with --train)")
-    p.add_argument("--test", nargs=2, dest="test_files", metavar=("SRC_FILE", "TGT_FILE"),
-                   help="an optional test pair, scored at the end (with --train)")
+    add_file_pairs(p, " (raw text, one sentence per line)")
     p.add_argument("--data", default=d.data, metavar="DIR",
                    help="instead of the three: DIR/train.SRC, DIR/dev.SRC, ... "
                         f"(default: {d.data})")
