@@ -359,7 +359,7 @@ def test_a_transformer_step_through_the_kernel_source_equals_the_numpy_step(on_c
     tgt[2, 3:] = 0
     runs = []
     for fused in (False, True):
-        kernels.set_enabled(fused)
+        kernels.use_fused_kernels(fused)
         try:
             tinytf.manual_seed(0)
             model = Transformer(cfg).train()
@@ -368,7 +368,7 @@ def test_a_transformer_step_through_the_kernel_source_equals_the_numpy_step(on_c
             loss.backward()
             calls = {k: v - before.get(k, 0) for k, v in kernels.calls.items()}
         finally:
-            kernels.set_enabled(True)
+            kernels.use_fused_kernels(True)
         runs.append((float(loss.data), {n: p.grad for n, p in model.named_parameters()}, calls))
     (ref_loss, ref_grads, _), (loss, grads, calls) = runs
     for name in ("softmax_forward", "softmax_backward", "layer_norm_forward",

@@ -106,8 +106,8 @@ def _budget_options(p, d: TrainConfig) -> None:
                    help="padded tokens per batch and side, per rank; kept as given "
                         "(default: the preset's, tiny 2048, others 4096)")
     p.add_argument("--budget-min-updates", dest="min_updates", type=int, metavar="N",
-                   help="with --max-minutes, halve the preset's batch while the budget holds "
-                        "fewer than N updates (default: tiny 1500, others 0: off)")
+                   help="halve the preset's batch while --max-minutes holds fewer than N "
+                        "updates (default: tiny 1500, others 0)")
     p.add_argument("--update-freq", type=int, default=d.update_freq, metavar="K",
                    help="batches accumulated into one update (default: 1)")
     p.add_argument("--max-steps", type=int, metavar="N",
@@ -184,8 +184,8 @@ def _device_options(p, d: TrainConfig) -> None:
                         "(default: $TINYTF_DEVICE or cpu)")
     p.add_argument("--precision", choices=["float32", "tf32", "bf16", "fp16"],
                    default=d.precision,
-                   help="arithmetic of the products: float32, tf32, bf16 or fp16 with float32 "
-                        f"master weights (docs/gpu.md; default: {d.precision})")
+                   help="the products' arithmetic, float32 weights (docs/gpu.md; default: "
+                        f"{d.precision})")
     p.add_argument("--cuda-graph", action="store_true",
                    help="with --device gpu: replay each step as a CUDA graph (docs/gpu.md)")
 

@@ -57,9 +57,8 @@ from tinytf.utils.workers import (
 def _model_options(p) -> None:
     """The model and the search."""
     p.add_argument("--model", required=True, nargs="+", metavar="RUNDIR|CHECKPOINT",
-                   help="a run directory (its checkpoint_last.npz or newest checkpoint) or a "
-                        "checkpoint file, the BPE model beside it; several: an ensemble of "
-                        "models of one BPE (their mean probability at each step)")
+                   help="run directories or checkpoints (the BPE beside them); several: an "
+                        "ensemble of one BPE")
     p.add_argument("--average", type=int, default=1, metavar="K",
                    help="average the last K checkpoints of the run directory before decoding "
                         "(default: 1, no averaging)")
@@ -81,24 +80,20 @@ def _io_options(p) -> None:
     p.add_argument("--output", default="-", metavar="FILE|-",
                    help="where translations go (default: stdout)")
     p.add_argument("--output-format", choices=("text", "tsv", "jsonl"), default="text",
-                   help="text: the translation (Moses n-best lines with --nbest); tsv: "
-                        "translation, score and log P per hypothesis; jsonl: one object per "
-                        "input line (default: text)")
+                   help="text, tsv (translation, score, log P) or jsonl (docs/decoding.md; "
+                        "default: text)")
     p.add_argument("--errors", choices=("strict", "replace"), default="strict",
-                   help="invalid UTF-8 in the input: stop with an error naming the line, or "
-                        "replace the bad bytes with U+FFFD (default: strict)")
+                   help="invalid UTF-8: an error naming the line, or U+FFFD (default: "
+                        "strict)")
     p.add_argument("--buffer-size", type=int, default=1000, metavar="N",
-                   help="translate the input N lines at a time (sorted by length inside a "
-                        "block), writing each block before reading on; a line typed or piped "
-                        "in is answered at once (default: 1000)")
+                   help="lines read, translated and written at a time (default: 1000)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--batch-size", type=int, default=None, metavar="N",
                       help="sentences per batch (default 64 when --max-tokens is not given)")
     size.add_argument("--max-tokens", type=int, default=None, metavar="N",
                       help="padded source tokens per batch")
     p.add_argument("--print-attention", default=None, metavar="DIR",
-                   help="write the encoder-decoder attention of every translation (last layer, "
-                        "mean over heads) as DIR/line_<N>.svg")
+                   help="the cross-attention of each translation as DIR/line_<N>.svg")
     p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")
 
 
@@ -111,10 +106,8 @@ def _score_options(p) -> None:
                    help="the scores with --reference: sacrebleu's text lines, or one JSON "
                         "object (default: text)")
     p.add_argument("--score-reference", default=None, metavar="FILE",
-                   help="no search: write, for each input line, the model's log-probability "
-                        "(natural log, summed over the tokens and </s>) of the line of FILE "
-                        "as its translation (forced decoding, as fairseq-generate "
-                        "--score-reference and marian-scorer)")
+                   help="no search: the log-probability of each line of FILE as the "
+                        "translation of its input line (forced decoding)")
 
 
 def _device_options(p) -> None:
@@ -123,15 +116,10 @@ def _device_options(p) -> None:
                    help="where to run the model (default: $TINYTF_DEVICE or cpu)")
     p.add_argument("--precision", choices=("float32", "tf32", "bf16", "fp16"),
                    default="float32",
-                   help="compute precision of the model's products (tinytf.fast.amp; bf16 and "
-                        "tf32 pay off on a GPU; on the CPU bf16 is emulated and fp16 has no "
-                        "BLAS, tens of times slower; default: float32)")
+                   help="the products' arithmetic (docs/gpu.md; default: float32)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="decode the batches in N processes of T / N threads each, T being "
-                        "$TINYTF_THREADS, $OMP_NUM_THREADS, $OPENBLAS_NUM_THREADS or the CPUs "
-                        "this process may use (a small model's search steps are too small for "
-                        "a BLAS to spread over cores; the output is the same). Default: T; 1: "
-                        "one process (always so on a GPU)")
+                   help="processes that decode the batches (docs/decoding.md, \"Cores\"; "
+                        "default: the threads allowed, 1 on a GPU)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,7 +31,7 @@ from tinytf.fast.kernels import _runtime
 from tinytf.fast.kernels.gemm import matmul, set_tf32, tf32_enabled
 from tinytf.fast.kernels.sources import ELEMENTWISE_THREADS, ROWS_PER_BLOCK
 
-__all__ = ["fused", "set_enabled", "softmax_forward", "softmax_backward", "layer_norm_forward",
+__all__ = ["fused", "use_fused_kernels", "softmax_forward", "softmax_backward", "layer_norm_forward",
            "layer_norm_backward", "dropout_forward", "dropout_backward", "cross_entropy_forward",
            "relu_forward", "relu_backward", "add_bias_", "bias_grad", "unscale_", "adam_step",
            "matmul", "set_tf32", "tf32_enabled", "calls"]
@@ -44,8 +44,9 @@ calls = _runtime.calls
 _COLUMN_CHUNK = 256       # rows per block in the layer-norm parameter-gradient sums
 
 
-def set_enabled(flag: bool) -> None:
-    """Turn the fused kernels on or off (default on; ``TINYTF_FUSED=0`` starts off)."""
+def use_fused_kernels(flag: bool) -> None:
+    """Turn the fused kernels on or off (default on; ``TINYTF_FUSED=0`` starts off). (Not
+    :func:`tinytf.fast.set_enabled`, which swaps the op table's fast classes in or out.)"""
     global _enabled
     _enabled = bool(flag)
 
