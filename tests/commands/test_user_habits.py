@@ -184,3 +184,20 @@ def test_the_same_command_twice_starts_a_fresh_run_directory_and_says_so(data_di
     assert os.path.isfile(os.path.join(f"{first}-2", "summary.json"))
     code, _, err = _train_main(capsys, *args, "--out", first)
     assert code == 2 and "already holds a training run" in err
+
+
+def test_prepare_takes_own_files_and_a_config_file(own_files, tmp_path):
+    """tinytf-prepare has train.py's data options: --train/--valid, and --config FILE."""
+    import subprocess
+    import sys
+    f = own_files
+    config = tmp_path / "data.json"
+    config.write_text(json.dumps({"train_files": [f["train", "source"], f["train", "target"]],
+                                  "valid_files": [f["dev", "source"], f["dev", "target"]],
+                                  "vocab_size": 300, "seed": 3}))
+    proc = subprocess.run([sys.executable, "-m", "tinytf.commands.prepare", "--config",
+                           str(config), "--out", str(tmp_path / "p")], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    options = json.loads((tmp_path / "p" / "config.json").read_text())["options"]
+    assert options["vocab_size"] == 300 and options["train_files"][0] == f["train", "source"]

@@ -24,7 +24,7 @@ import time
 from tinytf.data.batches import DataError
 from tinytf.distributed import communicator as distributed
 from tinytf.text import BPEFileError
-from tinytf.training.config import TrainConfig, TrainError, apply_overrides
+from tinytf.training.config import TrainConfig, TrainError, apply_overrides, read_config_file
 from tinytf.training.run_dir import (
     RunLock,
     data_paths,
@@ -58,8 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--src", default=d.src, help=f"source language suffix (default: {d.src})")
     p.add_argument("--tgt", default=d.tgt, help=f"target language suffix (default: {d.tgt})")
     p.add_argument("--out", metavar="RUNDIR", help="run directory (default: train.py's)")
-    p.add_argument("--preset", "--config", dest="config", default=d.config, metavar="NAME",
+    p.add_argument("--preset", dest="config", default=d.config, metavar="NAME",
                    help=f"model preset, for its default --vocab-size (default: {d.config})")
+    p.add_argument("--config", dest="config_file", metavar="FILE",
+                   help="the data options of a JSON or TOML file with the keys of a run's "
+                        "config.json (train.py --config's); flags given override it")
     p.add_argument("--vocab-size", type=int, metavar="V",
                    help="joint BPE vocabulary (default: the preset's)")
     p.add_argument("--workers", type=int, metavar="N",
@@ -97,14 +100,24 @@ def main(argv=None) -> int:
     return 0
 
 
+FILE_KEYS = ("data", "src", "tgt", "train_files", "valid_files", "test_files", "out", "config",
+             "vocab_size", "workers", "train_max_len")
+"""What tinytf-prepare takes from a --config file: the options that decide the BPE model and
+the encoded corpus."""
+
+
 def _prepare(args) -> None:
     """The run directory of ``args``: its BPE model, its corpus and (before any run) its
     config.json, under its lock."""
-    cfg = apply_overrides(TrainConfig(
-        data=args.data, src=args.src, tgt=args.tgt, train_files=args.train_files,
-        valid_files=args.valid_files, test_files=args.test_files, out=args.out,
-        config=args.config,
-        vocab_size=args.vocab_size, workers=args.workers), args.set).resolved()
+    options = dict(data=args.data, src=args.src, tgt=args.tgt, train_files=args.train_files,
+                   valid_files=args.valid_files, test_files=args.test_files, out=args.out,
+                   config=args.config, vocab_size=args.vocab_size, workers=args.workers)
+    if args.config_file:
+        defaults = vars(build_parser().parse_args([]))
+        from_file = read_config_file(args.config_file)
+        options.update({k: v for k, v in from_file.items() if k in FILE_KEYS
+                        and options.get(k, defaults.get(k)) == defaults.get(k)})
+    cfg = apply_overrides(TrainConfig(**options), args.set).resolved()
     paths = data_paths(cfg)
     make_run_dir(cfg.out)
     lock = RunLock(cfg.out)
