@@ -103,7 +103,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     """Command-line flags; the defaults are the 20-second CPU run."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data-dir", type=Path, default=DATA_DIR, help="directory with train.en, dev.en")
+    p.add_argument("--data-dir", type=Path, default=DATA_DIR,
+                   help="directory with train.en and dev.en")
     p.add_argument("--embed", type=int, default=32, help="character embedding size")
     p.add_argument("--hidden", type=int, default=192, help="GRU state size")
     p.add_argument("--layers", type=int, default=1, help="stacked GRU layers")

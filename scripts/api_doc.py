@@ -17,6 +17,7 @@ from pathlib import Path
 import tinytf
 from tinytf import nn, optim
 from tinytf.engine.tensor import Tensor
+from tinytf.engine.tensor_methods import TensorMethods
 from tinytf.nn import functional as F
 from tinytf.optim import lr_scheduler, schedule
 
@@ -96,7 +97,8 @@ def public_functions(module) -> list:
 
 def tensor_members() -> list:
     rows = []
-    for name, member in sorted(vars(Tensor).items()):
+    members = {**vars(TensorMethods), **vars(Tensor)}     # Tensor and its conveniences
+    for name, member in sorted(members.items()):
         if name.startswith("_") and name not in ("__init__",):
             continue
         if isinstance(member, property):

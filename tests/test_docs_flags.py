@@ -39,8 +39,10 @@ def parser_flags(parser) -> set:
 COMMANDS = {name: parser_flags(module.build_parser()) for name, module in (
     ("train", train), ("translate", translate), ("average", average), ("prepare", prepare),
     ("bpe", bpe))}
-PATTERNS = {"train": r"\btrain\.py\b|tinytf-train\b", "translate": r"translate\.py\b|tinytf-translate\b",
-            "average": r"tinytf-average\b|commands\.average\b", "prepare": r"tinytf-prepare\b|commands\.prepare\b",
+PATTERNS = {"train": r"\btrain\.py\b|tinytf-train\b",
+            "translate": r"translate\.py\b|tinytf-translate\b",
+            "average": r"tinytf-average\b|commands\.average\b",
+            "prepare": r"tinytf-prepare\b|commands\.prepare\b",
             "bpe": r"tinytf-bpe\b|commands\.bpe\b"}
 
 

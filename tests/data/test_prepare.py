@@ -1,5 +1,6 @@
 """The prepared corpus (tinytf.data.prepare, tinytf.data.corpus_file): encoded once, streamed
-in chunks by worker processes, memory-mapped, checked against its sources; and train.py's use of it."""
+in chunks by worker processes, memory-mapped, checked against its sources; and train.py's use
+of it."""
 import json
 import os
 import pathlib

@@ -402,7 +402,8 @@ def test_a_time_budget_decides_dropout_alike_on_every_rank(train_runs, tmp_path)
     epoch 3 from rank 0's clock: both ranks switch together (no rank waits in a collective
     the other left), and the checkpoint holds the choice."""
     args = [*TRAIN_ARGS, "--set", "dropout=0.1", "--max-minutes", "10000", "--max-epochs",
-            "8", "--budget-min-updates", "0", "--save-interval-updates", "1000", "--log-interval", "1000"]
+            "8", "--budget-min-updates", "0", "--save-interval-updates", "1000",
+            "--log-interval", "1000"]
     code, out, _ = run_train(tmp_path / "run", train_runs["dir"] / "data", *args, ranks=2)
     assert code == 0, out[-4000:]
     assert out.count("dropout: from epoch 3: the budget holds about 8.0 epochs at the pace "

@@ -46,7 +46,8 @@ def test_squeeze_unsqueeze_flatten():
 def test_reductions_take_dim_or_axis():
     x = leaf()
     np.testing.assert_allclose(x.sum(1).numpy(), A.sum(1))
-    np.testing.assert_allclose(x.sum(dim=(0, 2), keepdim=True).numpy(), A.sum((0, 2), keepdims=True))
+    np.testing.assert_allclose(x.sum(dim=(0, 2), keepdim=True).numpy(),
+                               A.sum((0, 2), keepdims=True))
     np.testing.assert_allclose(x.mean(axis=-1, keepdims=True).numpy(), A.mean(-1, keepdims=True))
     np.testing.assert_allclose(x.var(1).numpy(), A.var(1, ddof=1))
     np.testing.assert_allclose(x.var(correction=0).numpy(), A.var())

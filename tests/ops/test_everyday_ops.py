@@ -94,7 +94,8 @@ def conv_ref(x, w, b, stride, padding, dilation, groups):
             total = np.zeros(n)
             for tap in itertools.product(*(range(k) for k in kernel)):
                 at = tuple(pos[i] * stride[i] + tap[i] * dilation[i] for i in range(d))
-                total += xp[(slice(None), slice(g * cg, (g + 1) * cg)) + at] @ w[(oc, slice(None)) + tap]
+                window = xp[(slice(None), slice(g * cg, (g + 1) * cg)) + at]
+                total += window @ w[(oc, slice(None)) + tap]
             y[(slice(None), oc) + pos] = total + (b[oc] if b is not None else 0)
     return y
 

@@ -1,4 +1,5 @@
-"""The budget: the learning rate over it, the time a resumed run has left, progress and its warnings."""
+"""The budget: the learning rate over it, the time a resumed run has left, progress and its
+warnings."""
 import dataclasses
 import math
 import os

@@ -1,4 +1,5 @@
-"""Stopping a run on a signal: the checkpoint first, then an exact resume; validation failures cost no training."""
+"""Stopping a run on a signal: the checkpoint first, then an exact resume; validation failures
+cost no training."""
 import dataclasses
 import json
 import os

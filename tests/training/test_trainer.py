@@ -310,7 +310,8 @@ def test_patience_and_max_epochs_stop_the_run(data_dir, tmp_path):
     common = ["--data", data_dir, "--vocab-size", "300", "--max-tokens", "200", *sets]
     result = _train_py(*common, "--out", str(tmp_path / "p"), "--max-steps", "50",
                        "--lr-schedule", "inverse_sqrt", "--lr", "1e-12", "--warmup", "1",
-                       "--validate-interval-updates", "1", "--save-interval-updates", "1", "--patience", "2",
+                       "--validate-interval-updates", "1", "--save-interval-updates", "1",
+                       "--patience", "2",
                        "--best-metric", "bleu")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])

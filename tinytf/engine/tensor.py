@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import NamedTuple
 
 import numpy as np
 
 from tinytf.engine import backend
 from tinytf.engine.dispatch import impl
+from tinytf.engine.tensor_methods import TensorMethods
 
 _grad_enabled = True
 
@@ -138,7 +138,7 @@ def _as_array(data, dtype=None):
     return arr
 
 
-class Tensor:
+class Tensor(TensorMethods):
     """An array with an optional gradient and the history needed to compute it.
 
     ``Tensor(data, requires_grad=False, dtype=None)``: NumPy/CuPy arrays keep their dtype;
@@ -186,6 +186,10 @@ class Tensor:
     size = property(lambda self: self.data.size, doc="Number of elements.")
     device = property(lambda self: backend.device_of(self.data), doc='"cpu" or "gpu".')
     is_leaf = property(lambda self: self._ctx is None, doc="Not produced by a recorded op.")
+
+    def _constant(self, array) -> "Tensor":
+        """A Tensor of ``array`` that no gradient reaches (an index, a mask)."""
+        return Tensor(array)
 
     def __repr__(self) -> str:
         grad = ", requires_grad=True" if self.requires_grad else ""
@@ -333,21 +337,6 @@ class Tensor:
     def __float__(self): return float(self.item())
     def __int__(self): return int(self.item())
 
-    # Comparisons give a boolean Tensor without gradient (a mask). ``==`` and ``!=`` stay
-    # identity, so Tensors remain usable as dict keys and in ``in``: use eq / ne.
-    def __lt__(self, other): return Tensor(self.data < array_of(self.coerce(other)))
-    def __le__(self, other): return Tensor(self.data <= array_of(self.coerce(other)))
-    def __gt__(self, other): return Tensor(self.data > array_of(self.coerce(other)))
-    def __ge__(self, other): return Tensor(self.data >= array_of(self.coerce(other)))
-
-    def eq(self, other) -> "Tensor":
-        """Elementwise self == other as a boolean Tensor (no gradient)."""
-        return Tensor(self.data == array_of(self.coerce(other)))
-
-    def ne(self, other) -> "Tensor":
-        """Elementwise self != other as a boolean Tensor (no gradient)."""
-        return Tensor(self.data != array_of(self.coerce(other)))
-
     def reciprocal(self):
         """1 / self."""
         return self ** -1.0
@@ -385,110 +374,6 @@ class Tensor:
         where min <= x <= max."""
         return impl.Clamp.apply(self, low=min, high=max)
 
-    # ----- reductions: PyTorch's dim/keepdim, or NumPy's axis/keepdims -------------------
-    def sum(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
-        """Sum over ``dim`` (int, tuple or None for all)."""
-        dim, keepdim = _reduce_args(dim, keepdim, axis, keepdims)
-        return impl.Sum.apply(self, axis=dim, keepdims=keepdim)
-
-    def mean(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
-        """Mean over ``dim``: sum / count."""
-        dim, keepdim = _reduce_args(dim, keepdim, axis, keepdims)
-        return self.sum(dim, keepdim) * (1.0 / _count(self.shape, dim))
-
-    def var(self, dim=None, keepdim=False, correction=1, *, axis=None, keepdims=None):
-        """sum((x - mean)^2) / (count - correction) over ``dim``; ``correction=1`` (the
-        default, as PyTorch's) is the unbiased estimate, 0 the biased one."""
-        dim, keepdim = _reduce_args(dim, keepdim, axis, keepdims)
-        centred = self - self.mean(dim, keepdim=True)
-        return (centred * centred).sum(dim, keepdim) * \
-            (1.0 / max(_count(self.shape, dim) - correction, 0))
-
-    def std(self, dim=None, keepdim=False, correction=1, *, axis=None, keepdims=None):
-        """sqrt(var(dim, correction))."""
-        return self.var(dim, keepdim, correction, axis=axis, keepdims=keepdims).sqrt()
-
-    def amax(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
-        """Maximum values over ``dim`` (int, tuple or None); tied maxima share the gradient."""
-        dim, keepdim = _reduce_args(dim, keepdim, axis, keepdims)
-        return impl.Max.apply(self, axis=dim, keepdims=keepdim)
-
-    def amin(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
-        """Minimum values over ``dim``: -amax(-x)."""
-        return -(-self).amax(dim, keepdim, axis=axis, keepdims=keepdims)
-
-    def max(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
-        """As PyTorch: the maximum of all elements, or with an int ``dim`` the pair
-        (values, indices) along it. With NumPy's ``axis=`` (int or tuple): the values, as
-        :meth:`amax`."""
-        if axis is not None or dim is None or isinstance(dim, tuple):
-            return self.amax(dim, keepdim, axis=axis, keepdims=keepdims)
-        return ValuesIndices(self.amax(dim, keepdim), self.argmax(dim, keepdim))
-
-    def min(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
-        """As :meth:`max`, for the minimum."""
-        if axis is not None or dim is None or isinstance(dim, tuple):
-            return self.amin(dim, keepdim, axis=axis, keepdims=keepdims)
-        return ValuesIndices(self.amin(dim, keepdim), self.argmin(dim, keepdim))
-
-    def argmax(self, dim=None, keepdim=False) -> "Tensor":
-        """Indices (int64, no gradient) of the first maximum along ``dim`` (of the flattened
-        tensor when None)."""
-        return Tensor(_arg(self.data.argmax, dim, keepdim))
-
-    def argmin(self, dim=None, keepdim=False) -> "Tensor":
-        """Indices (int64, no gradient) of the first minimum along ``dim``."""
-        return Tensor(_arg(self.data.argmin, dim, keepdim))
-
-    # ----- shapes ---------------------------------------------------------------------
-    def reshape(self, *shape):
-        """Same values in a new shape (one dimension may be -1)."""
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        return impl.Reshape.apply(self, shape=shape)
-
-    view = reshape
-
-    def transpose(self, dim0, dim1):
-        """Swap dimensions ``dim0`` and ``dim1`` (PyTorch's ``transpose``; :meth:`permute`
-        reorders all of them)."""
-        axes = list(range(self.ndim))
-        axes[dim0], axes[dim1] = axes[dim1], axes[dim0]
-        return impl.Transpose.apply(self, axes=tuple(axes))
-
-    def permute(self, *dims):
-        """Reorder the dimensions: output dimension i is input dimension ``dims[i]``."""
-        if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
-            dims = tuple(dims[0])
-        if sorted(d % max(self.ndim, 1) for d in dims) != list(range(self.ndim)):
-            raise ValueError(f"permute: {dims} is not an order of {self.ndim} dimensions")
-        return impl.Transpose.apply(self, axes=dims)
-
-    T = property(lambda self: impl.Transpose.apply(self, axes=None),
-                 doc="The tensor with its dimensions reversed (the transpose of a matrix).")
-
-    def squeeze(self, dim=None):
-        """Drop dimension ``dim`` if its size is 1 (every size-1 dimension when None)."""
-        if dim is None:
-            shape = tuple(n for n in self.shape if n != 1)
-        else:
-            dim = dim % self.ndim
-            shape = self.shape if self.shape[dim] != 1 else \
-                self.shape[:dim] + self.shape[dim + 1:]
-        return self.reshape(shape)
-
-    def unsqueeze(self, dim):
-        """Insert a dimension of size 1 at ``dim`` (negative counts from the new end)."""
-        dim = dim % (self.ndim + 1)
-        return self.reshape(self.shape[:dim] + (1,) + self.shape[dim:])
-
-    def flatten(self, start_dim=0, end_dim=-1):
-        """Merge dimensions ``start_dim`` .. ``end_dim`` into one."""
-        if self.ndim == 0:
-            return self.reshape(1)
-        lo, hi = start_dim % self.ndim, end_dim % self.ndim
-        return self.reshape(self.shape[:lo] + (-1,) + self.shape[hi + 1:])
-
     def masked_fill(self, mask, value):
         """``value`` where ``mask`` is True, self elsewhere (mask broadcasts)."""
         return impl.MaskedFill.apply(self, mask=array_of(mask), value=value)
@@ -500,38 +385,6 @@ class Tensor:
     def log_softmax(self, axis=-1, *, dim=None):
         """x - logsumexp(x) along ``axis`` (or PyTorch's ``dim``)."""
         return impl.LogSoftmax.apply(self, axis=axis if dim is None else dim)
-
-
-class ValuesIndices(NamedTuple):
-    """What ``max(dim)`` and ``min(dim)`` return, as PyTorch's: the values and their indices."""
-
-    values: "Tensor"
-    indices: "Tensor"
-
-
-def _reduce_args(dim, keepdim, axis, keepdims):
-    """(dimensions, keep) from PyTorch's ``dim``/``keepdim`` or NumPy's ``axis``/``keepdims``."""
-    if axis is not None:
-        if dim is not None:
-            raise TypeError("give dim or axis, not both")
-        dim = axis
-    if isinstance(dim, list):
-        dim = tuple(dim)
-    return dim, keepdim if keepdims is None else keepdims
-
-
-def _count(shape, dim) -> int:
-    """How many elements a reduction over ``dim`` combines."""
-    axes = range(len(shape)) if dim is None else (dim if isinstance(dim, tuple) else (dim,))
-    return math.prod(shape[a] for a in axes)
-
-
-def _arg(fn, dim, keepdim):
-    """``argmax``/``argmin`` of an array (``fn``) along ``dim``, with ``keepdim``."""
-    if dim is None:
-        out = fn()
-        return out.reshape((1,) * len(fn.__self__.shape)) if keepdim else out
-    return fn(axis=dim, keepdims=keepdim)
 
 
 def array_of(x):

@@ -27,7 +27,8 @@ class _ConvNd(Module):
                              f"be divisible by groups {groups}")
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size = F.as_tuple(kernel_size, d, "kernel_size")
-        self.stride, self.dilation = F.as_tuple(stride, d, "stride"), F.as_tuple(dilation, d, "dilation")
+        self.stride = F.as_tuple(stride, d, "stride")
+        self.dilation = F.as_tuple(dilation, d, "dilation")
         self.padding = padding if isinstance(padding, str) else F.as_tuple(padding, d, "padding")
         fan_in = in_channels // groups * math.prod(self.kernel_size)
         bound = 1.0 / math.sqrt(fan_in)
@@ -42,7 +43,8 @@ class _ConvNd(Module):
                     self.groups)
 
     def extra_repr(self) -> str:
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}"
                 f", padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
                 f"bias={self.bias is not None}")
 

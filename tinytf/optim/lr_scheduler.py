@@ -111,7 +111,8 @@ class CosineAnnealingLR(LRScheduler):
         super().__init__(optimizer)
 
     def value(self, base_lr: float, t: int) -> float:
-        return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * t / self.T_max)) / 2
+        cosine = (1 + math.cos(math.pi * t / self.T_max)) / 2
+        return self.eta_min + (base_lr - self.eta_min) * cosine
 
 
 class ScheduleLR(LRScheduler):

@@ -31,7 +31,8 @@ from tinytf.fast.kernels import _runtime
 from tinytf.fast.kernels.gemm import matmul, set_tf32, tf32_enabled
 from tinytf.fast.kernels.sources import ELEMENTWISE_THREADS, ROWS_PER_BLOCK
 
-__all__ = ["fused", "use_fused_kernels", "softmax_forward", "softmax_backward", "layer_norm_forward",
+__all__ = ["fused", "use_fused_kernels", "softmax_forward", "softmax_backward",
+           "layer_norm_forward",
            "layer_norm_backward", "dropout_forward", "dropout_backward", "cross_entropy_forward",
            "relu_forward", "relu_backward", "add_bias_", "bias_grad", "unscale_", "adam_step",
            "matmul", "set_tf32", "tf32_enabled", "calls"]
