@@ -326,6 +326,8 @@ class Adam(Optimizer):
         a caller that learns later that it was skipped subtracts it (``tinytf.training.trainer``).
         """
         self.step_count += 1
+        # A decay scales the weights before the update: a skipped step must not, so with
+        # weight decay the flag is read here, not by a kernel.
         decays = any(g["weight_decay"] for g in self.param_groups)
         if skip is not None and (decays or not self._skips_on_device()):
             if bool(skip.any()):

@@ -8,7 +8,13 @@ recipe of docs/training.md, the paper's for the others) and checks the combinati
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+
+try:
+    import tomllib
+except ImportError:                 # Python 3.10: no TOML reader in the standard library
+    tomllib = None
 
 from tinytf.fast import amp
 from tinytf.models.transformer import TransformerConfig
@@ -311,11 +317,6 @@ def read_config_file(path: str) -> dict:
     keys of a run's ``config.json`` (or that file itself, whose "options" are read):
     {TrainConfig field: value}. Unknown keys, wrong types, a file too large or unparseable
     are a :class:`TrainError` naming the file."""
-    import json
-    try:
-        import tomllib
-    except ImportError:             # Python 3.10: no TOML reader in the standard library
-        tomllib = None
     try:
         size = os.path.getsize(path)
         if not os.path.isfile(path):
