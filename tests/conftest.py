@@ -89,7 +89,7 @@ def file_size_limit():
     return _file_size_limit
 
 
-SESSION_SECONDS = 3600       # (the suite takes about 6 minutes on 2 cores)
+SESSION_SECONDS = 3600       # (the suite takes about 7 minutes on 2 cores)
 EXIT_SECONDS = 120
 
 
