@@ -151,6 +151,21 @@ def _ban_and_force(cand, step: int, max_lens, eos_id: int, banned_ids) -> None:
         cand[forced, :, eos_id] = eos_scores
 
 
+def _best_extensions(scores, log_probs, live, shape, step: int, max_lens, eos_id: int,
+                     banned_ids, k: int):
+    """The ``k`` best extensions of each sentence's ``width`` rows: (flat index into its
+    width * V candidates, score), best first, after the banned tokens and the forced
+    ``</s>`` (:func:`_ban_and_force`); -inf pads a toy vocabulary of fewer candidates."""
+    n, width, vocab = shape
+    xp = get_array_module(log_probs)
+    cand = _extensions(scores, log_probs, live).reshape(n, width, vocab)
+    _ban_and_force(cand, step, max_lens, eos_id, banned_ids)
+    cand = cand.reshape(n, width * vocab)
+    if width * vocab < k:  # fewer candidates than the beam (a toy vocabulary)
+        cand = xp.concatenate([cand, xp.full((n, k - width * vocab), NEG_INF, cand.dtype)], 1)
+    return top_k_by_bound(cand, k)  # (n, k), best first
+
+
 def beam_search(step_fn, state, batch_size: int, max_lens, *, beam_size: int = 4,
                 alpha: float = 0.6, nbest: int = 1, bos_id: int = 1, eos_id: int = 2,
                 banned_ids=(0, 1), stop_early: bool = True) -> list[list[Hypothesis]]:
@@ -184,14 +199,9 @@ def beam_search(step_fn, state, batch_size: int, max_lens, *, beam_size: int = 4
         if len(active) == 0:
             break
         log_probs = step_fn(tokens, state)  # (live rows, V)
-        xp = get_array_module(log_probs)
         n, vocab = len(active), log_probs.shape[-1]
-        cand = _extensions(scores, log_probs, live).reshape(n, width, vocab)
-        _ban_and_force(cand, step, max_lens[active], eos_id, banned_ids)
-        cand = cand.reshape(n, width * vocab)
-        if width * vocab < k:  # fewer candidates than the beam (a toy vocabulary)
-            cand = xp.concatenate([cand, xp.full((n, k - width * vocab), NEG_INF, cand.dtype)], 1)
-        flat_idx, vals = top_k_by_bound(cand, k)  # (n, k), best first
+        flat_idx, vals = _best_extensions(scores, log_probs, live, (n, width, vocab), step,
+                                          max_lens[active], eos_id, banned_ids, k)
         # The row each extension comes from (a padded column's, never alive, from the last)
         parent = np.arange(n)[:, None] * width + np.minimum(flat_idx // vocab, width - 1)
         alive = np.isfinite(vals)
