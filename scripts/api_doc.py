@@ -71,7 +71,8 @@ def signature(obj, name: str) -> str:
         sig = inspect.signature(obj)
     except (TypeError, ValueError):
         return name
-    sig = sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "self"],
+    sig = sig.replace(parameters=[p for p in sig.parameters.values()
+                                  if p.name not in ("self", "cls")],
                       return_annotation=inspect.Signature.empty)
     return f"{name}{sig}".replace("'", "")
 
@@ -119,6 +120,8 @@ def class_rows(classes, prefix: str) -> list:
     for cls in classes:
         rows.append(row(cls, f"{prefix}{cls.__name__}"))
         for name, member in sorted(vars(cls).items()):
+            if isinstance(member, (classmethod, staticmethod)):
+                member = member.__func__                   # Translator.load, ...
             if (name.startswith("_") and name != "__call__") or not inspect.isfunction(member) \
                     or member.__doc__ is None:
                 continue
@@ -156,6 +159,10 @@ def build() -> str:
                    class_rows([schedule.Schedule], "schedule.") +
                    [row(f, f"schedule.{n}") for n, f in public_functions(schedule)],
                    "The Transformer's learning-rate schedules (update numbers from 1).")
+    from tinytf.decoding.ensemble import EnsembleTranslator  # noqa: PLC0415
+    from tinytf.decoding.translation import Translator  # noqa: PLC0415
+    lines += table("tinytf.Translator", class_rows([Translator, EnsembleTranslator], ""),
+                   "Translating from Python (docs/decoding.md); `tinytf.train(...)` above trains.")
     return "\n".join(lines).rstrip() + "\n"
 
 
