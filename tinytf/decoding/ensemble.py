@@ -31,6 +31,7 @@ from tinytf.engine import backend
 from tinytf.engine.tensor import no_grad
 from tinytf.fast import amp
 from tinytf.fast.transposed import transposed_weights
+from tinytf.ops.softmax import logsumexp
 
 
 class EnsembleState:
@@ -47,13 +48,9 @@ class EnsembleState:
 
 def mean_probability_log(log_probs: list):
     """log of the mean of the models' probabilities, from their log-probabilities (each
-    (B, V)): logsumexp over models minus log M, stable for -inf entries."""
+    (B, V)): logsumexp over the models minus log M (-inf where every model says -inf)."""
     xp = backend.get_array_module(log_probs[0])
-    stacked = xp.stack(log_probs)                                # (M, B, V)
-    top = stacked.max(axis=0)
-    safe = xp.where(xp.isfinite(top), top, 0)
-    with np.errstate(divide="ignore"):
-        out = safe + xp.log(xp.exp(stacked - safe).sum(axis=0)) - math.log(len(log_probs))
+    out = logsumexp(xp.stack(log_probs), axis=0) - math.log(len(log_probs))
     return out.astype(log_probs[0].dtype, copy=False)
 
 

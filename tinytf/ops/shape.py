@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinytf.engine.backend import get_array_module, scatter_add
-from tinytf.engine.tensor import Function, Tensor
+from tinytf.engine.tensor import Function
 from tinytf.ops.elementwise import sum_to
 
 
@@ -47,11 +47,7 @@ class GetItem(Function):
     one position may have been picked several times.
     """
 
-    def forward(self, x, index):
-        if isinstance(index, Tensor):
-            index = index.data
-        elif isinstance(index, tuple):
-            index = tuple(p.data if isinstance(p, Tensor) else p for p in index)
+    def forward(self, x, index):   # (a Tensor index arrives as its array: Tensor.__getitem__)
         self.index, self.in_shape, self.dtype = index, x.shape, x.dtype
         return x[index]
 

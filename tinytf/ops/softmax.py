@@ -49,22 +49,24 @@ class LogSoftmax(Function):
         return grad - xp.exp(y) * grad.sum(axis=self.axis, keepdims=True)
 
 
-def _log_of_zero_is_minus_inf(xp):
-    """NumPy's warning for log(0) off (a row of -inf has logsumexp -inf); CuPy has none."""
-    return np.errstate(divide="ignore") if xp is np else contextlib.nullcontext()
+def logsumexp(x, axis=-1, keepdims=False):
+    """log sum_j exp(x_j) of array ``x`` along ``axis``, as m + log sum_j exp(x_j - m) with m
+    the maximum: never overflows, and a row of -inf gives -inf (without NumPy's warning)."""
+    xp = get_array_module(x)
+    m = x.max(axis=axis, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, 0)
+    with np.errstate(divide="ignore") if xp is np else contextlib.nullcontext():
+        y = m + xp.log(xp.exp(x - m).sum(axis=axis, keepdims=True))
+    return y if keepdims else y.squeeze(axis)
 
 
 class LogSumExp(Function):
-    """y = log sum_j exp(x_j) over ``axis`` = m + log sum_j exp(x_j - m), m the maximum
-    (a row of -inf gives -inf); dy/dx_j = exp(x_j - y), the softmax."""
+    """y = log sum_j exp(x_j) over ``axis`` (:func:`logsumexp`); dy/dx_j = exp(x_j - y), the
+    softmax."""
 
     def forward(self, x, axis=-1, keepdims=False):
-        xp = get_array_module(x)
         self.axis, self.keepdims = axis, keepdims
-        m = x.max(axis=axis, keepdims=True)
-        m = xp.where(xp.isfinite(m), m, 0)
-        with _log_of_zero_is_minus_inf(xp):
-            y = m + xp.log(xp.exp(x - m).sum(axis=axis, keepdims=True))
+        y = logsumexp(x, axis, keepdims=True)
         self.save_for_backward(x, y)
         return y if keepdims else y.squeeze(axis)
 
