@@ -115,10 +115,11 @@ def _summed_loss(model, cfg, batch):
 
 def _tinytf_step_fn(dev: Device, cfg, mode: str, batch):
     """(step, model): one training step of a fresh model under precision ``mode``."""
-    from tinytf.fast import amp
+    from tinytf.fast.loss_scaler import DynamicLossScaler
+    from tinytf.nn import amp
 
     model, opt = _tinytf_model(dev, cfg)
-    scaler = amp.DynamicLossScaler(enabled=amp.Policy(mode).loss_scaling)
+    scaler = DynamicLossScaler(enabled=amp.Policy(mode).loss_scaling)
     ntok = int(batch[2].size)
 
     def step():
@@ -243,8 +244,9 @@ def tinytf_graph_train(dev: Device, cfg, mode: str, batch, steps: int, warmup: i
     """
     import dataclasses
 
-    from tinytf.fast import amp
     from tinytf.fast.cuda_graph import CapturedStep
+    from tinytf.fast.loss_scaler import DynamicLossScaler
+    from tinytf.nn import amp
 
     ntok = int(batch[2].size)
 
@@ -275,7 +277,7 @@ def tinytf_graph_train(dev: Device, cfg, mode: str, batch, steps: int, warmup: i
 
     opt, fb = build(cfg)
     graph = CapturedStep(fb, [p for _, p in opt.params])
-    unscale = amp.DynamicLossScaler(enabled=False)
+    unscale = DynamicLossScaler(enabled=False)
 
     def step():
         loss = graph()
@@ -306,7 +308,7 @@ def attention_probe(dev: Device, cfg, mode: str, batch: int, length: int,
     """
     from tinytf import functional as F
     from tinytf.engine.tensor import Tensor
-    from tinytf.fast import amp
+    from tinytf.nn import amp
     from tinytf.fast.cuda_graph import CapturedStep
 
     xp = dev.xp
@@ -337,7 +339,7 @@ def autocast_wired(dev: Device) -> bool:
     from tinytf import functional as F
     from tinytf import nn
     from tinytf.engine.tensor import Tensor
-    from tinytf.fast import amp
+    from tinytf.nn import amp
     lin = nn.Linear(4, 4).to(dev.name)
     with amp.autocast("bf16"):
         y = F.linear(Tensor(dev.xp.ones((2, 4), dtype=np.float32)), lin.weight, lin.bias)
@@ -348,7 +350,7 @@ def tinytf_decode(dev: Device, cfg, n_sent: int, src_len: int, max_new: int, bea
                   mode: str) -> dict:
     import tinytf
     from tinytf.decoding import search
-    from tinytf.fast import amp
+    from tinytf.nn import amp
     from tinytf.models import transformer
 
     tinytf.manual_seed(0)

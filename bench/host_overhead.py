@@ -32,10 +32,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from tinytf import functional as F  # noqa: E402
 from tinytf import manual_seed
 from tinytf.engine.tensor import _topological_order  # noqa: E402
-from tinytf.fast import (
-    adam,  # noqa: E402
-    amp,  # noqa: E402
-)
+from tinytf.fast import adam  # noqa: E402
+from tinytf.fast.loss_scaler import DynamicLossScaler  # noqa: E402
+from tinytf.nn import amp  # noqa: E402
 from tinytf.models.transformer import Transformer, TransformerConfig  # noqa: E402
 
 
@@ -76,7 +75,7 @@ def node_counts(mode: str) -> collections.Counter:
 def step_times(mode: str, steps: int, warmup: int = 5) -> list:
     """Seconds of each of ``steps`` whole training steps (forward, backward, Adam)."""
     cfg, model, opt, batch = build()
-    scaler = amp.DynamicLossScaler(enabled=amp.Policy(mode).loss_scaling)
+    scaler = DynamicLossScaler(enabled=amp.Policy(mode).loss_scaling)
     times = []
     for i in range(warmup + steps):
         t0 = time.perf_counter()

@@ -20,7 +20,8 @@ from tinytf.engine.dispatch import impl
 from tinytf.fast import memory
 print(json.dumps({"numpy_at_import": loaded, "environ_same": dict(os.environ) == before,
                   "kept": memory.kept(), "grad": x.grad.tolist(),
-                  "linear": impl.Linear.__name__, "replaced": sorted(impl.replaced())}))
+                  "linear": impl.Linear.cpu.__name__, "gpu_linear": impl.Linear.gpu.__name__,
+                  "replaced": sorted(impl.installed("cpu"))}))
 """
 
 
@@ -40,9 +41,10 @@ def test_importing_tinytf_changes_nothing_in_the_process():
     got = json.loads(_run(IMPORT_ONLY))
     assert got["numpy_at_import"] is False and got["environ_same"] and not got["kept"]
     assert got["grad"] == [[2.0] * 3] * 2
-    assert got["linear"] == "FusedLinear" and "LayerNorm" in got["replaced"]
+    assert got["linear"] == "RowParallelLinear" and got["gpu_linear"] == "FusedLinear"
+    assert "LayerNorm" in got["replaced"]
     got = json.loads(_run(IMPORT_ONLY, TINYTF_FAST="0"))
-    assert got["linear"] == "Linear" and got["replaced"] == []
+    assert got["linear"] == got["gpu_linear"] == "Linear" and got["replaced"] == []
 
 
 def test_a_command_sets_up_its_process():
@@ -59,10 +61,16 @@ def test_a_command_sets_up_its_process():
 
 def test_the_chain_of_an_op_names_each_class_down_to_the_reference():
     from tinytf.engine.dispatch import impl
+    from tinytf.fast.cpu import RowParallelLayerNorm
+    from tinytf.fast.cuda import FusedLayerNorm
     from tinytf.ops.norm import LayerNorm
-    chain = impl.chain("LayerNorm")
-    assert chain[0] is impl.LayerNorm and chain[-1] is LayerNorm
-    text = impl.describe("LayerNorm")
-    assert text.splitlines()[0].startswith("LayerNorm") and "tinytf.ops.norm" in text
+    assert impl.chain("LayerNorm", "cpu") == [RowParallelLayerNorm, LayerNorm]
+    assert impl.chain("LayerNorm", "gpu") == [FusedLayerNorm, LayerNorm]   # no CPU class
+    assert impl.chain("Softmax", "cpu") == [impl.reference("Softmax")]
+    text = impl.describe("LayerNorm").splitlines()
+    assert text[0].startswith("LayerNorm") and len(text) == 3
+    assert text[1] == ("  cpu: RowParallelLayerNorm (tinytf.fast.cpu) -> "
+                       "LayerNorm (tinytf.ops.norm)")
+    assert text[2] == "  gpu: FusedLayerNorm (tinytf.fast.cuda) -> LayerNorm (tinytf.ops.norm)"
     with pytest.raises(KeyError):
         impl.chain("NoSuchOp")

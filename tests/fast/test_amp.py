@@ -14,7 +14,10 @@ import pytest
 import tinytf
 from tinytf import functional as F
 from tinytf.engine.tensor import Tensor
-from tinytf.fast import amp, kernels
+from tinytf.fast import kernels
+from tinytf.fast.loss_scaler import DynamicLossScaler
+from tinytf.nn import amp
+from tinytf.ops import cast
 from tinytf.optim.adam import Adam
 
 rng = np.random.default_rng(0)
@@ -35,18 +38,18 @@ def test_bf16_rounding_hand_cases():
         2.0 ** -130: 2.0 ** -130,           # subnormal with few bits: exact
     }
     x = np.array(list(cases), dtype=np.float32)
-    np.testing.assert_array_equal(amp.round_to_bf16(x), np.array(list(cases.values()),
+    np.testing.assert_array_equal(cast.round_to_bf16(x), np.array(list(cases.values()),
                                                                  dtype=np.float32))
-    special = amp.round_to_bf16(np.array([np.nan, -np.nan, np.inf, -np.inf], np.float32))
+    special = cast.round_to_bf16(np.array([np.nan, -np.nan, np.inf, -np.inf], np.float32))
     assert np.isnan(special[:2]).all() and list(special[2:]) == [np.inf, -np.inf]
 
 
 def test_bf16_bits_round_trip_and_idempotence():
     x = (rng.standard_normal(10_000) * 10.0 ** rng.integers(-30, 30, 10_000)).astype(np.float32)
-    r = amp.round_to_bf16(x)
+    r = cast.round_to_bf16(x)
     assert r.dtype == np.float32 and r.shape == x.shape
-    np.testing.assert_array_equal(amp.round_to_bf16(r), r)          # bf16 values are fixed
-    np.testing.assert_array_equal(amp.bf16_from_bits(amp.bf16_bits(r)), r)
+    np.testing.assert_array_equal(cast.round_to_bf16(r), r)          # bf16 values are fixed
+    np.testing.assert_array_equal(cast.bf16_from_bits(cast.bf16_bits(r)), r)
     assert (r.view(np.uint32) & 0xFFFF == 0).all()                   # low half is zero
     # Relative error at most half a bf16 ulp (2^-8) for normal numbers.
     normal = np.abs(x) > 1e-37
@@ -58,17 +61,17 @@ def test_bf16_matches_torch():
     x = np.concatenate([rng.standard_normal(5000).astype(np.float32) * 1e3,
                         (1.0 + np.arange(512) * 2.0 ** -9).astype(np.float32)])  # ties
     want = torch.from_numpy(x).to(torch.bfloat16).to(torch.float32).numpy()
-    np.testing.assert_array_equal(amp.round_to_bf16(x), want)
+    np.testing.assert_array_equal(cast.round_to_bf16(x), want)
 
 
 # ----- policy and autocast -------------------------------------------------------------
 
 def test_policy_names_and_dtypes():
-    assert amp.Policy("bf16").compute_dtype(np) == amp.EMULATED_BF16
+    assert amp.Policy("bf16").compute_dtype(np) == cast.EMULATED_BF16
     assert amp.Policy("fp16").compute_dtype(np) == np.float16
     assert amp.Policy("tf32").compute_dtype(np) == np.float32
     assert amp.Policy("fp16").loss_scaling and not amp.Policy("bf16").loss_scaling
-    with pytest.raises(ValueError, match="amp.py: precision"):
+    with pytest.raises(ValueError, match="amp: precision"):
         amp.Policy("fp8")
 
 
@@ -105,16 +108,16 @@ def test_autocast_bf16_emulation_rounds_inputs_and_grads():
     x = Tensor(rng.standard_normal((5, 8)).astype(np.float32), requires_grad=True)
     w = tinytf.nn.Parameter(rng.standard_normal((7, 8)))
     with amp.autocast("bf16") as policy:
-        assert policy.compute_dtype(np) == amp.EMULATED_BF16
+        assert policy.compute_dtype(np) == cast.EMULATED_BF16
         xc, wc = amp.cast_inputs("linear", x, w)
         y = F.linear(xc, wc)
-    np.testing.assert_array_equal(xc.data, amp.round_to_bf16(x.data))
-    np.testing.assert_array_equal(wc.data, amp.round_to_bf16(w.data))
+    np.testing.assert_array_equal(xc.data, cast.round_to_bf16(x.data))
+    np.testing.assert_array_equal(wc.data, cast.round_to_bf16(w.data))
     g = rng.standard_normal(y.shape).astype(np.float32)
     y.backward(g)
     assert w.grad.dtype == np.float32
     # dW = round(g^T round(x)): the gradient crossing the cast back is rounded to bf16.
-    np.testing.assert_allclose(w.grad, amp.round_to_bf16(g.T @ xc.data), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(w.grad, cast.round_to_bf16(g.T @ xc.data), rtol=1e-6, atol=1e-6)
     assert amp.active() is None                                  # restored on exit
 
 
@@ -128,7 +131,7 @@ def test_autocast_linear_casts_inside_the_op():
     with amp.autocast("bf16"):
         y = F.linear(x, w, b)
     assert isinstance(y._ctx, tinytf.ops.Linear) and y._ctx.inputs == (x, w, b)
-    xr, wr = (amp.round_to_bf16(t.data) for t in (x, w))
+    xr, wr = (cast.round_to_bf16(t.data) for t in (x, w))
     np.testing.assert_allclose(y.data, xr @ wr.T + b.data, rtol=1e-6, atol=1e-6)  # float32 bias
     g = rng.standard_normal(y.shape).astype(np.float32)
     y.backward(g)
@@ -177,7 +180,7 @@ def _param(values):
 
 
 def test_scaler_skips_on_inf_and_nan_and_backs_off():
-    scaler = amp.DynamicLossScaler(init_scale=1024.0, growth_interval=3)
+    scaler = DynamicLossScaler(init_scale=1024.0, growth_interval=3)
     for bad in (np.inf, -np.inf, np.nan):
         p = _param([1.0, bad])
         opt = Adam([p], lr=0.1)
@@ -190,7 +193,7 @@ def test_scaler_skips_on_inf_and_nan_and_backs_off():
 
 
 def test_scaler_unscales_and_grows_after_interval():
-    scaler = amp.DynamicLossScaler(init_scale=8.0, growth_interval=3)
+    scaler = DynamicLossScaler(init_scale=8.0, growth_interval=3)
     for i in range(3):
         p = _param([8.0, -16.0])
         found = scaler.unscale_([("w", p)])
@@ -209,9 +212,9 @@ def test_scaler_unscales_and_grows_after_interval():
 
 def test_scaler_extra_factor_and_disabled_passthrough():
     p = _param([4.0, 8.0])
-    assert not amp.DynamicLossScaler(init_scale=4.0).unscale_([p], extra_factor=0.5)
+    assert not DynamicLossScaler(init_scale=4.0).unscale_([p], extra_factor=0.5)
     np.testing.assert_array_equal(p.grad, [0.5, 1.0])
-    off = amp.DynamicLossScaler(enabled=False)
+    off = DynamicLossScaler(enabled=False)
     loss = Tensor(np.float32(3.0))
     assert off.scale_loss(loss) is loss
     q = _param([np.inf, 2.0])
@@ -222,11 +225,11 @@ def test_scaler_extra_factor_and_disabled_passthrough():
 
 
 def test_scaler_state_round_trip_json():
-    a = amp.DynamicLossScaler(init_scale=256.0, growth_interval=5)
+    a = DynamicLossScaler(init_scale=256.0, growth_interval=5)
     for found in (False, False, True, False):
         a.update(found)
     state = json.loads(json.dumps(a.state_dict()))
-    b = amp.DynamicLossScaler()
+    b = DynamicLossScaler()
     b.load_state_dict(state)
     assert b.state_dict() == a.state_dict()
     for found in (False,) * 4:          # continues exactly where a would
@@ -238,7 +241,7 @@ def test_scaler_state_round_trip_json():
 
 
 def test_scaler_gives_up_below_min_scale():
-    scaler = amp.DynamicLossScaler(init_scale=2.0, min_scale=0.5)
+    scaler = DynamicLossScaler(init_scale=2.0, min_scale=0.5)
     scaler.update(True)
     scaler.update(True)                 # 0.5: still allowed
     with pytest.raises(FloatingPointError, match="every scale"):
@@ -259,7 +262,7 @@ def _train(precision, steps=60, init_scale=2.0 ** 16, scale_loss_by=1.0):
     x, y = _regression()
     lin = tinytf.nn.Linear(x.shape[1], 1)
     opt = Adam(lin.named_parameters(), lr=0.05)
-    scaler = amp.DynamicLossScaler(init_scale=init_scale,
+    scaler = DynamicLossScaler(init_scale=init_scale,
                                    enabled=amp.Policy(precision).loss_scaling)
     losses = []
     for _ in range(steps):
@@ -303,14 +306,14 @@ def test_master_weights_keep_updates_that_bf16_weights_lose():
     # An update of 1e-4 on a weight of 1.0 is below half a bf16 ulp (2^-8 ~ 3.9e-3): a
     # bf16 weight never moves, the float32 master accumulates all of them.
     master = np.ones(4, dtype=np.float32)
-    bf16_weight = amp.round_to_bf16(master)
+    bf16_weight = cast.round_to_bf16(master)
     for _ in range(100):
         master -= np.float32(1e-4)
-        bf16_weight = amp.round_to_bf16(bf16_weight - np.float32(1e-4))
+        bf16_weight = cast.round_to_bf16(bf16_weight - np.float32(1e-4))
     np.testing.assert_array_equal(bf16_weight, 1.0)
     np.testing.assert_allclose(master, 0.99, rtol=1e-5)
     # The weights a bf16 forward pass then sees are the master's, rounded.
-    assert (amp.round_to_bf16(master) < 1.0).all()
+    assert (cast.round_to_bf16(master) < 1.0).all()
 
 
 @pytest.mark.parametrize("found", [True, False])
@@ -318,7 +321,7 @@ def test_master_weights_keep_updates_that_bf16_weights_lose():
 def test_the_device_scale_moves_before_the_host_learns_the_outcome(found, tracker):
     """update_on_device(flag) sets the device scale to what update(flag) then sets the
     host's: halved after an overflow, doubled when the clean step ends a growth interval."""
-    scaler = amp.DynamicLossScaler(init_scale=64.0, growth_interval=3)
+    scaler = DynamicLossScaler(init_scale=64.0, growth_interval=3)
     scaler.growth_tracker = tracker
     scaler.scale_loss(Tensor(np.float32(1.0)), on_device=True)   # creates the device scale
     scaler.update_on_device(np.array([int(found)], np.int32))

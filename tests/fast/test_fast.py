@@ -36,35 +36,52 @@ def leaf(a):
     return Tensor(np.asarray(a), requires_grad=True)
 
 
-def test_every_fast_op_names_the_reference_it_replaces():
-    for name, cls in fast.FAST_OPS.items():
-        ref = impl.reference(name)
-        assert issubclass(cls, ref) and cls is not ref, name
-        assert ref.__module__.startswith("tinytf.ops."), name
-        assert cls.__module__.startswith("tinytf.fast."), name
-    assert impl.replaced() == fast.FAST_OPS
+def test_every_fast_op_subclasses_the_reference_it_replaces_directly():
+    """Each device's class names its reference as its parent: a GPU class never inherits
+    a CPU one, so what runs on one device is read in two classes."""
+    for device, table in (("cpu", fast.CPU_OPS), ("gpu", fast.GPU_OPS)):
+        for name, cls in table.items():
+            ref = impl.reference(name)
+            assert cls.__bases__ == (ref,), (device, name)
+            assert ref.__module__.startswith("tinytf.ops."), name
+            assert cls.__module__ == ("tinytf.fast.cpu" if device == "cpu" else
+                                      "tinytf.fast.cuda"), name
+        assert impl.installed(device) == table
 
 
 def test_switching_off_restores_every_reference():
     fast.set_enabled(False)
     try:
-        assert impl.replaced() == {} and not fast.enabled()
-        assert impl.CrossEntropy is ops.CrossEntropy
+        assert impl.installed("cpu") == impl.installed("gpu") == {} and not fast.enabled()
+        assert impl.CrossEntropy.cpu is impl.CrossEntropy.gpu is ops.CrossEntropy
     finally:
         fast.set_enabled(True)
-    assert impl.CrossEntropy is fast.FAST_OPS["CrossEntropy"]
+    assert impl.CrossEntropy.cpu is fast.CPU_OPS["CrossEntropy"]
+    assert impl.CrossEntropy.gpu is fast.GPU_OPS["CrossEntropy"]
+
+
+def test_an_op_runs_the_class_of_its_inputs_device():
+    x = Tensor(rng.standard_normal((4, 8)).astype(np.float32), requires_grad=True)
+    assert impl.LayerNorm.for_inputs((x,)) is fast.CPU_OPS["LayerNorm"]
+    assert impl.LayerNorm.for_inputs((None, x.data)) is fast.CPU_OPS["LayerNorm"]
+    assert type(F.layer_norm(x)._ctx) is fast.CPU_OPS["LayerNorm"]
+    assert impl.Softmax.for_inputs((x,)) is ops.Softmax      # no CPU variant
 
 
 def test_the_table_takes_only_subclasses_of_the_reference():
     with pytest.raises(TypeError, match="must subclass CrossEntropy"):
-        impl.replace("CrossEntropy", ops.Softmax)
+        impl.install("cpu", {"CrossEntropy": ops.Softmax})
     with pytest.raises(KeyError):
-        impl.replace("NoSuchOp", ops.Softmax)
+        impl.install("gpu", {"NoSuchOp": ops.Softmax})
+    with pytest.raises(ValueError, match="device"):
+        impl.install("tpu", {})
+    assert impl.installed("cpu") == fast.CPU_OPS      # a refused table changes nothing
 
 
 def test_tinytf_fast_0_starts_with_the_reference_ops():
     code = ("import tinytf; from tinytf.engine.dispatch import impl; from tinytf import fast; "
-            "assert impl.replaced() == {} and not fast.enabled(), impl.replaced()")
+            "assert impl.installed('cpu') == impl.installed('gpu') == {} "
+            "and not fast.enabled()")
     env = {"TINYTF_FAST": "0", "PATH": ""}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
@@ -79,7 +96,7 @@ def test_cross_entropy(mode, eps, ignore_index, reduction):
     target[:7] = 0
     x = leaf(logits)
     loss = F.cross_entropy(x, target, eps, ignore_index, reduction)
-    assert type(loss._ctx) is impl.CrossEntropy
+    assert type(loss._ctx) is impl.CrossEntropy.cpu
     (loss.sum() if reduction == "none" else loss).backward()
     # The formula of the docstring, in float64.
     z = logits.astype(np.float64)
@@ -109,7 +126,7 @@ def test_embedding(mode):
     ids[0, :3] = 5                                # repeated ids accumulate
     w = leaf(rng.standard_normal((9, 5)).astype(np.float32))
     out = F.embedding(ids, w)
-    assert type(out._ctx) is impl.Embedding
+    assert type(out._ctx) is impl.Embedding.cpu
     g = rng.standard_normal(out.shape).astype(np.float32)
     out.backward(g)
     expected = np.zeros((9, 5), np.float32)

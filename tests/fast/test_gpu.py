@@ -10,7 +10,9 @@ import pytest
 import tinytf
 from tinytf.decoding import search
 from tinytf.engine import backend
-from tinytf.fast import adam, amp, kernels
+from tinytf.fast import adam, kernels
+from tinytf.fast.loss_scaler import DynamicLossScaler
+from tinytf.nn import amp
 from tinytf.models.transformer import Transformer, TransformerConfig, label_smoothed_loss
 
 
@@ -115,7 +117,7 @@ def _train_on_gpu(precision, scaler, steps=30):
 
 
 def test_bf16_training_steps_lower_the_loss_with_float32_adam_state():
-    model, opt, losses = _train_on_gpu("bf16", amp.DynamicLossScaler(enabled=False))
+    model, opt, losses = _train_on_gpu("bf16", DynamicLossScaler(enabled=False))
     assert losses[-1] < 0.5 * losses[0], losses
     assert all(m.dtype == np.float32 for m in opt.exp_avg.values())
     assert all(p.dtype == np.float32 for _, p in model.named_parameters())
@@ -123,7 +125,7 @@ def test_bf16_training_steps_lower_the_loss_with_float32_adam_state():
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # float16 overflow is the point
 def test_fp16_loss_scaling_skips_overflow_and_trains():
-    scaler = amp.DynamicLossScaler(init_scale=2.0 ** 24)   # overflows at first, on purpose
+    scaler = DynamicLossScaler(init_scale=2.0 ** 24)   # overflows at first, on purpose
     _, _, losses = _train_on_gpu("fp16", scaler)
     assert scaler.skipped_steps >= 1 and scaler.scale < 2.0 ** 24
     assert losses[-1] < 0.6 * losses[0], losses

@@ -23,7 +23,10 @@ import pytest
 import tinytf
 from tinytf import functional as F
 from tinytf.engine.tensor import Tensor
-from tinytf.fast import FusedAdam, amp, kernels
+from tinytf.fast import FusedAdam, kernels
+from tinytf.fast.loss_scaler import DynamicLossScaler
+from tinytf.nn import amp
+from tinytf.ops import cast
 from tinytf.fast.kernels import _runtime, gemm, host, sources
 from tinytf.optim.adam import Adam
 
@@ -56,7 +59,7 @@ needs_cxx = pytest.mark.skipif(host.compiler() is None,
 # ----- packaging ---------------------------------------------------------------------------
 
 def test_import_does_not_need_cupy():
-    code = ("import sys, tinytf, tinytf.fast.kernels, tinytf.fast.amp; "
+    code = ("import sys, tinytf, tinytf.fast.kernels, tinytf.nn.amp; "
             "assert 'cupy' not in sys.modules, 'tinytf imported cupy'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -164,13 +167,13 @@ def to_storage(x, kind):
     if kind == "float16":
         return x.astype(np.float16)
     if kind == "bfloat16":
-        return amp.bf16_bits(x)
+        return cast.bf16_bits(x)
     return x
 
 
 def to_f32(a, kind):
     """The float32 values held by a storage array."""
-    return amp.bf16_from_bits(a) if kind == "bfloat16" else np.asarray(a, dtype=np.float32)
+    return cast.bf16_from_bits(a) if kind == "bfloat16" else np.asarray(a, dtype=np.float32)
 
 
 def rounded(x, kind):
@@ -537,7 +540,7 @@ def test_scaler_uses_the_fused_unscale_when_kernels_run(on_cpu):
     params[0].grad = np.array([4.0, 8.0, 12.0], np.float32)
     params[1].grad = np.array([1.0, np.inf], np.float32)
     before = kernels.calls.get("unscale_", 0)
-    assert amp.DynamicLossScaler(init_scale=4.0).unscale_(params)
+    assert DynamicLossScaler(init_scale=4.0).unscale_(params)
     assert kernels.calls["unscale_"] == before + 1
     np.testing.assert_array_equal(params[0].grad, [1.0, 2.0, 3.0])
 

@@ -200,7 +200,7 @@ def test_a_training_step_builds_the_expected_autograd_nodes():
     assert counts["MergeHeads"] == counts["Attention"] == n_enc + 2 * n_dec
     assert counts["DropoutAdd"] == counts["LayerNorm"] == 2 * n_enc + 3 * n_dec
     assert "ReLU" not in counts                                       # inside w_1's Linear
-    assert "CastTo" not in counts and "Transpose" not in counts and "Reshape" in counts
+    assert "Cast" not in counts and "Transpose" not in counts and "Reshape" in counts
     per_layer = 11 * n_enc + 20 * n_dec
     assert sum(counts.values()) == per_layer + 11, counts
 

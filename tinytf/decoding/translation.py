@@ -29,7 +29,7 @@ from tinytf.decoding.search import Hypothesis, beam_search
 from tinytf.decoding.workers import translate_batches
 from tinytf.engine import backend
 from tinytf.engine.tensor import Tensor, no_grad
-from tinytf.fast import amp
+from tinytf.nn import amp
 from tinytf.fast.transposed import transposed_weights
 from tinytf.models.transformer import Transformer, TransformerConfig
 from tinytf.nn import functional as F
@@ -237,7 +237,7 @@ def load_checkpoint(path, average: int = 1) -> tuple[checkpoint.Checkpoint, str]
 class Translator:
     """A Transformer and its BPE model, ready to translate text on ``device`` ("cpu"/"gpu").
 
-    ``precision`` ("float32", "tf32", "bf16", "fp16"; see :mod:`tinytf.fast.amp`) is the policy
+    ``precision`` ("float32", "tf32", "bf16", "fp16"; see :mod:`tinytf.nn.amp`) is the policy
     the search runs under: bf16 halves the memory traffic of the products on a GPU.
 
     From Python (``tinytf.Translator``)::

@@ -1,31 +1,82 @@
-"""The op table: which class runs each op.
+"""The op table: which class runs each op, on each device.
 
 Every op is called through this table, by the name of its reference class::
 
     from tinytf.engine.dispatch import impl
     y = impl.Softmax.apply(x, axis=-1)
 
-:mod:`tinytf.ops` registers the reference classes (the mathematics, forward and backward
-side by side) when it is imported. :mod:`tinytf.fast` may then :meth:`~OpTable.replace` an
-entry by a subclass of the reference that computes the same thing faster (fused GPU
-kernels, a cache-blocked CPU loop); :meth:`~OpTable.restore` puts the references back
-(``TINYTF_FAST=0`` or ``tinytf.fast.set_enabled(False)``). :meth:`OpTable.replaced` lists
-what runs instead of what: the one place that says which code a training step executes.
+The table holds one entry per op and, in it, one class per device ("cpu" for NumPy
+arrays, "gpu" for CuPy's), the way early tinygrad registered the same op names from
+``ops_cpu.py`` and ``ops_gpu.py``. ``apply`` picks the class by the device of the op's
+first array input. :mod:`tinytf.ops` registers the reference classes (the mathematics,
+forward and backward side by side), which run on every device; :mod:`tinytf.fast`
+:meth:`~OpTable.install` s each device's faster subclasses of them (``fast.CPU_OPS``,
+``fast.GPU_OPS``), and :meth:`~OpTable.uninstall` puts the references back
+(``TINYTF_FAST=0`` or ``tinytf.fast.set_enabled(False)``). :meth:`OpTable.describe` prints
+what runs for an op on each device: the one place that says which code a step executes.
 
-The table sits below the tensor and the ops (it imports nothing from tinytf), so that
-``Tensor.__add__`` can find ``Add`` without ``tensor`` and ``ops`` importing each other.
-The package's root hands it a loader (:meth:`OpTable.set_loader`) that imports the ops and
-the fast paths at the first look-up of an op: ``import tinytf`` itself loads nothing heavy,
-so that a program can set up its process (OpenBLAS's environment) before NumPy loads.
+The table sits below the tensor and the ops (it imports nothing from tinytf),
+so that ``Tensor.__add__`` can find ``Add`` without ``tensor`` and ``ops`` importing each
+other. The package's root hands it a loader (:meth:`OpTable.set_loader`) that imports the
+ops and the fast paths at the first look-up of an op: ``import tinytf`` itself loads
+nothing heavy, so that a program can set up its process (OpenBLAS's environment) before
+NumPy loads.
 """
 from __future__ import annotations
 
+import sys
+
+DEVICES = ("cpu", "gpu")
+
+
+def first_on_gpu(inputs) -> bool:
+    """Whether the first array among ``inputs`` (a Tensor's ``.data``, or a bare array;
+    numbers and None are skipped) is a CuPy array. False at once while CuPy is not loaded
+    (without NumPy either: the table loads before NumPy does)."""
+    cupy = sys.modules.get("cupy")
+    if cupy is None:
+        return False
+    for x in inputs:
+        if isinstance(x, cupy.ndarray) or isinstance(getattr(x, "data", None), cupy.ndarray):
+            return True
+        if hasattr(x, "dtype"):     # the first array, or Tensor, is not CuPy's
+            return False
+    return False
+
+
+class Op:
+    """One op's entry in the table: the class that runs it on each device."""
+
+    __slots__ = ("name", "reference", "cpu", "gpu")
+
+    def __init__(self, reference: type):
+        self.name, self.reference = reference.__name__, reference
+        self.cpu = self.gpu = reference
+
+    def runs_on(self, device: str) -> type:
+        """The class that runs this op on ``device`` ("cpu" or "gpu")."""
+        return getattr(self, device)
+
+    def for_inputs(self, inputs) -> type:
+        """The class that runs this op on ``inputs``: the GPU's when the first array among
+        them (a Tensor's, or a bare one) is a CuPy array, else the CPU's."""
+        if self.gpu is not self.cpu and first_on_gpu(inputs):
+            return self.gpu
+        return self.cpu
+
+    def apply(self, *inputs, **kwargs):
+        """Run the op on ``inputs`` with the class of their device (``Function.apply``)."""
+        return self.for_inputs(inputs).apply(*inputs, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<op {self.name}: cpu {self.cpu.__name__}, gpu {self.gpu.__name__}>"
+
 
 class OpTable:
-    """Op name -> the class that implements it (an attribute per op: ``impl.Add``)."""
+    """Op name -> its :class:`Op` entry (an attribute per op: ``impl.Add``)."""
 
     def __init__(self):
-        self._reference: dict = {}
+        self._ops: dict = {}
         self._loader = None
 
     def set_loader(self, load) -> None:
@@ -37,69 +88,76 @@ class OpTable:
         if load is not None:
             load()
 
-    def __getattr__(self, name: str) -> type:
-        """An op not looked up yet (Python calls this only for a missing attribute): the
-        table is loaded first, then the op's reference enters it."""
+    def __getattr__(self, name: str) -> Op:
+        """An op looked up before the table was loaded (Python calls this only for a
+        missing attribute): the table is loaded first."""
         if name.startswith("_"):
             raise AttributeError(name)
         self._load()
-        if name in self.__dict__:
-            return self.__dict__[name]
-        if name not in self._reference:
+        if name not in self._ops:
             raise AttributeError(f"dispatch: no op named {name!r}")
-        setattr(self, name, self._reference[name])
-        return self._reference[name]
+        return self._ops[name]
 
     def register(self, cls) -> type:
-        """Enter ``cls`` as the reference implementation of the op named after it (it runs
-        from the first look-up, unless a faster subclass replaces it before)."""
-        self._reference[cls.__name__] = cls
+        """Enter ``cls`` as the reference implementation of the op named after it, the
+        class that runs on every device until a faster one is installed."""
+        op = Op(cls)
+        self._ops[op.name] = op
         if self._loader is None:
-            setattr(self, cls.__name__, cls)
+            setattr(self, op.name, op)
         return cls
+
+    def _op(self, name: str) -> Op:
+        self._load()
+        if name not in self._ops:
+            raise KeyError(f"dispatch: no op named {name!r}")
+        return self._ops[name]
 
     def reference(self, name: str) -> type:
         """The reference class of op ``name``."""
+        return self._op(name).reference
+
+    def install(self, device: str, table: dict) -> None:
+        """Run ``table[name]`` for op ``name`` on ``device``. Each class must subclass the
+        op's reference, so it keeps its interface (and falls back to the reference where it
+        does not apply: float64 gradient checks on the GPU, say)."""
+        if device not in DEVICES:
+            raise ValueError(f"dispatch: device must be one of {DEVICES}, got {device!r}")
+        for name, cls in table.items():
+            op = self._op(name)
+            if not issubclass(cls, op.reference):
+                raise TypeError(f"dispatch: {cls.__name__} must subclass {op.reference.__name__}")
+        for name, cls in table.items():
+            setattr(self._ops[name], device, cls)
+
+    def uninstall(self, device: str | None = None) -> None:
+        """Put the reference classes back on ``device`` (every device when None)."""
         self._load()
-        return self._reference[name]
+        for op in self._ops.values():
+            for d in [device] if device else DEVICES:
+                setattr(op, d, op.reference)
 
-    def replace(self, name: str, cls) -> None:
-        """Run ``cls`` for op ``name``; it must subclass the op's reference class, so it
-        keeps its interface (and falls back to the reference where it does not apply)."""
-        ref = self._reference.get(name)
-        if ref is None:
-            raise KeyError(f"dispatch: no op named {name!r}")
-        if not issubclass(cls, ref):
-            raise TypeError(f"dispatch: {cls.__name__} must subclass {ref.__name__}")
-        setattr(self, name, cls)
+    def installed(self, device: str) -> dict:
+        """{op name: the class running on ``device`` instead of the reference}."""
+        self._load()
+        return {name: op.runs_on(device) for name, op in self._ops.items()
+                if op.runs_on(device) is not op.reference}
 
-    def restore(self, name: str | None = None) -> None:
-        """Put the reference class back for op ``name`` (every op when None)."""
-        for key in [name] if name else list(self._reference):
-            setattr(self, key, self._reference[key])
-
-    def chain(self, name: str) -> list:
-        """The classes that op ``name`` runs through, the one the table holds first and its
-        reference last: each falls back to the next where it does not apply (a CUDA kernel
-        on NumPy arrays, say). ``print(impl.describe("LayerNorm"))`` shows it."""
-        ref, cls = self.reference(name), getattr(self, name)
-        return [c for c in cls.__mro__ if isinstance(c, type) and issubclass(c, ref)]
+    def chain(self, name: str, device: str = "cpu") -> list:
+        """The classes that op ``name`` runs through on ``device``, the installed one first
+        and the reference last: each falls back to the next where it does not apply."""
+        op = self._op(name)
+        return [c for c in op.runs_on(device).__mro__
+                if isinstance(c, type) and issubclass(c, op.reference)]
 
     def describe(self, name: str) -> str:
-        """Op ``name``'s :meth:`chain`, a line per class (its module and the first line of
-        its docstring), the one that runs first."""
-        def line(c):
-            doc = " ".join((c.__doc__ or "").strip().split("\n\n")[0].split())
-            doc = doc.split(". ")[0].rstrip(".")       # its first sentence
-            return f"  {c.__name__} ({c.__module__}){': ' + doc if doc else ''}"
-        return "\n".join([f"{name} runs, each falling back to the next:"]
-                         + [line(c) for c in self.chain(name)])
-
-    def replaced(self) -> dict:
-        """{op name: the class now running instead of the reference}."""
-        self._load()
-        return {name: getattr(self, name) for name, ref in self._reference.items()
-                if getattr(self, name) is not ref}
+        """What runs for op ``name``, a line per device: its :meth:`chain` of classes, each
+        with its module. ``print(impl.describe("LayerNorm"))`` shows it."""
+        lines = [f"{name} runs, each class falling back to the next:"]
+        for device in DEVICES:
+            lines.append(f"  {device}: " + " -> ".join(
+                f"{c.__name__} ({c.__module__})" for c in self.chain(name, device)))
+        return "\n".join(lines)
 
 
 impl = OpTable()

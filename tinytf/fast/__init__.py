@@ -1,43 +1,46 @@
 """The fast paths, apart from the reference ops they replace.
 
-:mod:`tinytf.ops` is the mathematics; this package is speed. Each entry of
-:data:`FAST_OPS` names a reference op and the subclass that runs instead when the fast
-paths are on (the default): the subclass computes the same thing (to float32 rounding)
-and falls back to its parent where it does not apply (a CUDA kernel on NumPy arrays, say).
+:mod:`tinytf.ops` is the mathematics; this package is speed. It holds one table per
+device, :data:`CPU_OPS` (NumPy arrays) and :data:`GPU_OPS` (CuPy arrays), each naming a
+reference op and the subclass of it that runs instead on that device when the fast paths
+are on (the default). The subclass computes the same thing (to float32 rounding) and falls
+back to the reference where it does not apply (float64 gradient checks, an odd shape).
+``impl.describe("LayerNorm")`` prints what runs on each device.
 
-=================  ===================  =====================================================
-reference op       runs instead         what is faster
-=================  ===================  =====================================================
-``CrossEntropy``   ``FusedCrossEntropy``  GPU: one kernel; CPU: ``BlockedCrossEntropy``, a
-                                        cache-blocked loop in one reused (N, V) buffer,
-                                        its blocks in threads
-``Embedding``      ``FlatIndexEmbedding``  CPU backward: ``add.at`` with flat indices (~3x)
-``Softmax``,       ``FusedSoftmax``,     GPU: one launch forward, one backward
-``LogSoftmax``     ``FusedLogSoftmax``
-``LayerNorm``      ``FusedLayerNorm``    GPU: one launch each way (+ column sums); CPU:
-                                        rows in threads
-``Dropout``,       ``FusedDropout``,     GPU: random numbers, mask, product (and the
-``DropoutAdd``     ``FusedDropoutAdd``   residual sum) in one launch; CPU (DropoutAdd):
-                                        mask, product and sum by rows in threads
-``ReLU``           ``FusedReLU``         GPU: one launch each way
-``GELU``           ``RowParallelGELU``   CPU: forward and backward by rows in threads
-``MatMul``         ``CublasMatMul``      GPU: one cuBLAS call per product (tensor cores)
-``Attention``      ``FusedAttention``    GPU: cuBLAS with the 1/sqrt(d) as alpha, masked
-                                        softmax and its backward in one launch each;
-                                        CPU: that softmax and backward by rows in threads
-``Linear``         ``FusedLinear``       GPU: cuBLAS, bias (+ReLU) in one launch; a compute
-                                        dtype under ``amp.autocast`` (no cast nodes);
-                                        CPU: the bias/ReLU pass by rows in threads,
-                                        and inside a search the product by a
-                                        contiguous copy of W.T (fast/transposed.py)
-=================  ===================  =====================================================
+=================  ==========================  ============================================
+reference op       CPU (:mod:`.cpu`)           GPU (:mod:`.cuda`)
+=================  ==========================  ============================================
+``CrossEntropy``   ``BlockedCrossEntropy``:    ``FusedCrossEntropy``: loss, softmax and
+                   one reused (N, V) buffer,   gradient in one launch per row block
+                   64 rows at a time, blocks
+                   in threads
+``Embedding``      ``FlatIndexEmbedding``:     (reference: CuPy's scatter-add)
+                   ``add.at`` on flat indices
+``Softmax``,       (reference)                 ``FusedSoftmax``, ``FusedLogSoftmax``: one
+``LogSoftmax``                                 launch forward, one backward
+``LayerNorm``      ``RowParallelLayerNorm``:   ``FusedLayerNorm``: one launch each way
+                   rows in threads             (+ the parameter gradients' column sums)
+``Dropout``        (reference)                 ``FusedDropout``: random numbers, mask and
+                                               product in one launch
+``DropoutAdd``     ``RowParallelDropoutAdd``:  ``FusedDropoutAdd``: the same and the
+                   mask, product, sum by rows  residual sum in one launch
+``ReLU``           (reference)                 ``FusedReLU``: one launch each way
+``GELU``           ``RowParallelGELU``: rows   (reference)
+``MatMul``         (reference)                 ``CublasMatMul``: one cuBLAS call each
+``Attention``      ``RowParallelAttention``:   ``FusedAttention``: cuBLAS with 1/sqrt(d) as
+                   small products and masked   alpha, masked softmax and its backward in
+                   softmax by sentences        one launch each
+``Linear``         ``RowParallelLinear``:      ``FusedLinear``: cuBLAS, bias (+ReLU) in one
+                   bias/ReLU by rows; in a     launch; a compute dtype under
+                   search W.T copied once      ``amp.autocast`` (no cast nodes)
+=================  ==========================  ============================================
 
 The CPU's "in threads" is :mod:`tinytf.fast.threads` (``TINYTF_THREADS``), bitwise equal
 to one thread; ``FusedAdam`` updates the CPU's flat buffers the same way.
 ``TINYTF_FAST=0`` in the environment, or :func:`set_enabled` (False), runs the reference
 ops everywhere; ``tests/fast/test_fast.py`` proves a whole Transformer step equal either way.
 The other fast paths, outside the op table: :mod:`tinytf.fast.kernels` (the CUDA source and its
-wrappers), :mod:`tinytf.fast.amp` (mixed precision), :mod:`tinytf.fast.cuda_graph` (step replay),
+wrappers), :mod:`tinytf.nn.amp` (mixed precision), :mod:`tinytf.fast.cuda_graph` (step replay),
 the flat-buffer Adam in :mod:`tinytf.optim.adam`, and :mod:`tinytf.fast.memory` (glibc keeps
 freed memory for the next step: the commands ask for it; ``TINYTF_KEEP_MEMORY=0`` leaves
 malloc as it is).
@@ -47,7 +50,15 @@ from __future__ import annotations
 import os
 
 from tinytf.engine.dispatch import impl
-from tinytf.fast.cpu import BlockedCrossEntropy, FlatIndexEmbedding, RowParallelGELU
+from tinytf.fast.cpu import (
+    BlockedCrossEntropy,
+    FlatIndexEmbedding,
+    RowParallelAttention,
+    RowParallelDropoutAdd,
+    RowParallelGELU,
+    RowParallelLayerNorm,
+    RowParallelLinear,
+)
 from tinytf.fast.cuda import (
     CublasMatMul,
     FusedAttention,
@@ -63,48 +74,53 @@ from tinytf.fast.cuda import (
 from tinytf.fast.optim import FusedAdam
 from tinytf.optim.adam import Adam
 
-__all__ = ["FAST_OPS", "set_enabled", "enabled", "BlockedCrossEntropy", "FlatIndexEmbedding",
-           "FusedAdam", "adam"]
+__all__ = ["CPU_OPS", "GPU_OPS", "set_enabled", "enabled", "BlockedCrossEntropy",
+           "FlatIndexEmbedding", "FusedAdam", "adam"]
 
-FAST_OPS = {
-    "CrossEntropy": FusedCrossEntropy,
+CPU_OPS = {
+    "CrossEntropy": BlockedCrossEntropy,
     "Embedding": FlatIndexEmbedding,
+    "LayerNorm": RowParallelLayerNorm,
+    "DropoutAdd": RowParallelDropoutAdd,
+    "GELU": RowParallelGELU,
+    "Attention": RowParallelAttention,
+    "Linear": RowParallelLinear,
+}
+"""Reference op name -> the subclass that runs instead on NumPy arrays (the table above)."""
+
+GPU_OPS = {
+    "CrossEntropy": FusedCrossEntropy,
     "Softmax": FusedSoftmax,
     "LogSoftmax": FusedLogSoftmax,
     "LayerNorm": FusedLayerNorm,
     "Dropout": FusedDropout,
     "DropoutAdd": FusedDropoutAdd,
     "ReLU": FusedReLU,
-    "GELU": RowParallelGELU,
     "MatMul": CublasMatMul,
     "Attention": FusedAttention,
     "Linear": FusedLinear,
 }
-"""Reference op name -> the faster subclass that runs instead (the table above)."""
-
-_enabled = False
+"""Reference op name -> the subclass that runs instead on CuPy arrays (the table above)."""
 
 
 def set_enabled(flag: bool = True) -> None:
-    """Run the fast variants of :data:`FAST_OPS` (True) or the reference ops (False)."""
-    global _enabled
-    _enabled = bool(flag)
-    for name, cls in FAST_OPS.items():
-        if _enabled:
-            impl.replace(name, cls)
-        else:
-            impl.restore(name)
+    """Install the fast variants of :data:`CPU_OPS` and :data:`GPU_OPS` in the op table
+    (True), or put the reference ops back on both devices (False)."""
+    impl.uninstall()
+    if flag:
+        impl.install("cpu", CPU_OPS)
+        impl.install("gpu", GPU_OPS)
+
+
+def enabled() -> bool:
+    """Whether the fast variants run (``TINYTF_FAST=0`` starts with them off)."""
+    return bool(impl.installed("cpu") or impl.installed("gpu"))
 
 
 def adam(params, **kwargs):
     """The Adam that training uses: :class:`FusedAdam` with the fast paths on, else
     :class:`tinytf.optim.adam.Adam` (same arguments, same state_dict)."""
-    return (FusedAdam if _enabled else Adam)(params, **kwargs)
-
-
-def enabled() -> bool:
-    """Whether the fast variants run (``TINYTF_FAST=0`` starts with them off)."""
-    return _enabled
+    return (FusedAdam if enabled() else Adam)(params, **kwargs)
 
 
 set_enabled(os.environ.get("TINYTF_FAST", "1") != "0")

@@ -8,7 +8,8 @@ and runs every product through cuBLAS with an explicit compute type. Each class 
 takes the kernel path when ``kernels.fused(...)`` says the arrays are the kernels' (CuPy,
 16/32-bit floats, kernels enabled) and otherwise runs its parent's code: on NumPy arrays,
 on float64 (gradient checks) and with ``TINYTF_FUSED=0`` they are the reference ops.
-``FusedLinear`` also takes a compute dtype (mixed precision, :mod:`tinytf.fast.amp`).
+Under mixed precision (:mod:`tinytf.nn.amp`) the ops marked ``reads_16_bit`` take 16-bit
+inputs as they are, since their kernels compute in float32 anyway.
 
 Each is tested against its reference through the kernel source compiled for the CPU
 (tests/fast/test_kernels.py) and, with a GPU, on the device (docs/gpu.md).
@@ -18,17 +19,13 @@ from __future__ import annotations
 import numpy as np
 
 from tinytf.engine.backend import get_array_module
-from tinytf.fast import amp, kernels
-from tinytf.fast.cpu import (
-    BlockedCrossEntropy,
-    RowParallelAttention,
-    RowParallelDropoutAdd,
-    RowParallelLayerNorm,
-    RowParallelLinear,
-)
-from tinytf.ops.dropout import Dropout
+from tinytf.fast import kernels
+from tinytf.ops.attention import Attention
+from tinytf.ops.dropout import Dropout, DropoutAdd
 from tinytf.ops.elementwise import ReLU
-from tinytf.ops.matmul import MatMul
+from tinytf.ops.loss import CrossEntropy
+from tinytf.ops.matmul import Linear, MatMul
+from tinytf.ops.norm import LayerNorm
 from tinytf.ops.softmax import LogSoftmax, Softmax
 
 
@@ -50,6 +47,8 @@ class FusedReLU(ReLU):
 class FusedSoftmax(Softmax):
     """:class:`Softmax`: one launch forward (a warp per row), one backward."""
 
+    reads_16_bit = staticmethod(kernels.fused)   # autocast leaves 16-bit inputs 16-bit
+
     def forward(self, x, axis=-1):
         if not kernels.fused(x):
             return super().forward(x, axis)
@@ -68,6 +67,8 @@ class FusedSoftmax(Softmax):
 class FusedLogSoftmax(LogSoftmax):
     """:class:`LogSoftmax`: one launch forward, one backward."""
 
+    reads_16_bit = staticmethod(kernels.fused)   # autocast leaves 16-bit inputs 16-bit
+
     def forward(self, x, axis=-1):
         if not kernels.fused(x):
             return super().forward(x, axis)
@@ -83,9 +84,11 @@ class FusedLogSoftmax(LogSoftmax):
         return super().backward(grad)
 
 
-class FusedLayerNorm(RowParallelLayerNorm):
+class FusedLayerNorm(LayerNorm):
     """:class:`LayerNorm`: statistics and output in one launch; backward in one launch plus
     the column sums of the parameter gradients."""
+
+    reads_16_bit = staticmethod(kernels.fused)   # autocast leaves 16-bit inputs 16-bit
 
     def forward(self, x, weight=None, bias=None, eps=1e-5):
         if not kernels.fused(x, weight, bias):
@@ -118,7 +121,7 @@ class FusedDropout(Dropout):
         return super().backward(grad)
 
 
-class FusedDropoutAdd(RowParallelDropoutAdd):
+class FusedDropoutAdd(DropoutAdd):
     """:class:`DropoutAdd`: residual + dropout(x) in one launch."""
 
     def forward(self, x, residual, p):
@@ -133,9 +136,11 @@ class FusedDropoutAdd(RowParallelDropoutAdd):
         return super().dropped_grad(grad)
 
 
-class FusedCrossEntropy(BlockedCrossEntropy):
-    """:class:`~tinytf.ops.loss.CrossEntropy`: loss, softmax and gradient in one launch
-    per row block; on NumPy the blocked CPU version (:class:`BlockedCrossEntropy`)."""
+class FusedCrossEntropy(CrossEntropy):
+    """:class:`CrossEntropy`: loss, softmax and gradient in one launch per row block; the
+    backward scales that (N, V) gradient in place rather than allocating another."""
+
+    reads_16_bit = staticmethod(kernels.fused)   # autocast leaves 16-bit inputs 16-bit
 
     def forward(self, logits, target, label_smoothing=0.0, ignore_index=None,
                 reduction="mean"):
@@ -145,6 +150,12 @@ class FusedCrossEntropy(BlockedCrossEntropy):
             logits, target, float(label_smoothing), ignore_index)
         return self.reduce(loss, probs, weights, reduction)
 
+    def backward(self, grad):
+        # The node is freed after this single backward: its buffer can be scaled in place.
+        probs, self.probs = self.probs, None
+        probs *= self.row_scale(grad).astype(probs.dtype, copy=False)[:, None]
+        return probs, None
+
 
 class CublasMatMul(MatMul):
     """:class:`MatMul` with every product one cuBLAS call (``kernels.matmul``)."""
@@ -153,7 +164,7 @@ class CublasMatMul(MatMul):
         return kernels.matmul(a, b)
 
 
-class FusedAttention(RowParallelAttention):
+class FusedAttention(Attention):
     """:class:`Attention` with cuBLAS products (1/sqrt(d) as cuBLAS's alpha: no pass of its
     own) and the masked softmax and its backward as single launches."""
 
@@ -174,78 +185,37 @@ class FusedAttention(RowParallelAttention):
         return super().scores_grad(weights, dp)
 
 
-class FusedLinear(RowParallelLinear):
-    """:class:`Linear` with cuBLAS products, the bias (and ReLU) added by one launch, and
-    an optional compute dtype for mixed precision.
-
-    ``compute_dtype`` (set under ``amp.autocast``): the op casts its float32 operands to
-    it (``amp.to_compute``) and computes in it, so the graph needs no cast nodes. The
-    output has the compute dtype. The gradients are written in their inputs' dtypes
-    straight from the float32 accumulators (cuBLAS's result type): dW, db and a float32
-    x's dx as float32, with no 16-bit rounding and no cast. The float32 bias is added to
-    the output as it is (the sum rounded once, to the output's dtype).
-    """
-
-    takes_compute_dtype = True   # amp.autocast passes compute_dtype instead of casting
+class FusedLinear(Linear):
+    """:class:`Linear` with cuBLAS products (float32 accumulators written straight to a
+    float32 gradient under mixed precision), and the bias (with the ReLU), the ReLU's
+    backward and the bias's gradient one launch each."""
 
     def forward(self, x, weight, bias=None, activation=None, compute_dtype=None):
-        self.compute_dtype = compute_dtype
         self.fast = compute_dtype is not None or kernels.fused(x, weight, bias)
+        return super().forward(x, weight, bias, activation, compute_dtype)
+
+    def product(self, x2, weight):
+        return kernels.matmul(x2, weight.T) if self.fast else super().product(x2, weight)
+
+    def grad_product(self, a, b, out_dtype=None):
         if not self.fast:
-            return super().forward(x, weight, bias, activation)
-        if activation not in (None, "relu"):
-            raise ValueError(f"Linear: activation must be None or 'relu', got {activation!r}")
-        x2 = x.reshape(-1, x.shape[-1])
-        if compute_dtype is not None:
-            x2, weight = amp.to_compute(x2, compute_dtype), amp.to_compute(weight, compute_dtype)
-        out = kernels.matmul(x2, weight.T)
-        relu = activation == "relu"
-        if bias is not None:
-            _add_bias(out, bias, relu)
-        elif relu:
-            get_array_module(out).maximum(out, 0, out=out)
-        self.save_for_backward(x2, weight, out if relu else None)
-        self.in_shape = x.shape
-        self.param_dtypes = (self.inputs[1].dtype,
-                             self.inputs[2].dtype if len(self.inputs) > 2 else None)
-        return out.reshape(*x.shape[:-1], weight.shape[0])
+            return super().grad_product(a, b, out_dtype)
+        return kernels.matmul(a, b, out_dtype=out_dtype)
 
-    def backward(self, grad):
-        if not self.fast:
-            return super().backward(grad)
-        x2, weight, relu_out = self.saved
-        g2 = grad.reshape(-1, weight.shape[0])
-        if relu_out is not None:
-            g2 = kernels.relu_backward(relu_out, g2) if kernels.fused(relu_out) \
-                else g2 * (relu_out > 0)
-        w_dtype, b_dtype = self.param_dtypes
-        mixed = self.compute_dtype is not None
-        gx = gw = gb = None
-        if self.needs_input_grad[0]:
-            # In x's own dtype straight from the product (float32 for a float32 x: no cast).
-            x_dtype = self.inputs[0].dtype if mixed else None
-            gx = kernels.matmul(g2, weight, out_dtype=x_dtype).reshape(self.in_shape)
-        if self.needs_input_grad[1]:
-            gw = kernels.matmul(g2.T, x2, out_dtype=w_dtype if mixed else None)
-        if len(self.inputs) == 2:
-            return gx, gw
-        if self.needs_input_grad[2]:
-            if kernels.fused(g2):
-                gb = kernels.bias_grad(g2, out_dtype=b_dtype)
-            else:
-                gb = g2.sum(axis=0, dtype=b_dtype if mixed else None)
-        return gx, gw, gb
+    def add_bias(self, out, bias, relu: bool) -> None:
+        if bias is not None and kernels.fused(out, bias):
+            kernels.add_bias_(out, bias, relu=relu)
+        elif bias is not None and bias.dtype != out.dtype and get_array_module(out) is not np:
+            super().add_bias(out, bias.astype(out.dtype), relu)   # CuPy, no fused kernels
+        else:
+            super().add_bias(out, bias, relu)
 
+    def relu_grad(self, relu_out, grad):
+        if kernels.fused(relu_out):
+            return kernels.relu_backward(relu_out, grad)
+        return super().relu_grad(relu_out, grad)
 
-def _add_bias(out, bias, relu: bool = False) -> None:
-    """out += bias in place, bias over the last axis; out keeps its dtype. With ``relu``
-    then out = max(out, 0), in the same launch on the GPU."""
-    if kernels.fused(out, bias):
-        kernels.add_bias_(out, bias, relu=relu)
-        return
-    if bias.dtype == out.dtype or get_array_module(out) is np:
-        out += bias                     # NumPy: the sum in the wider type, stored as out's
-    else:
-        out += bias.astype(out.dtype)   # CuPy without the fused kernels
-    if relu:
-        get_array_module(out).maximum(out, 0, out=out)
+    def bias_grad(self, grad, out_dtype=None):
+        if kernels.fused(grad):
+            return kernels.bias_grad(grad, out_dtype=out_dtype)
+        return super().bias_grad(grad, out_dtype)

@@ -1,7 +1,7 @@
 """Neural-network building blocks, as ``torch.nn``: :mod:`tinytf.nn.functional` (``F``:
 functions over the ops), :mod:`tinytf.nn.modules` (``Module``, the containers, the basic
 layers, ``init``), :mod:`tinytf.nn.conv` (convolution, pooling) and :mod:`tinytf.nn.recurrent`
-(GRU and LSTM cells and layers)."""
+(GRU and LSTM cells and layers), and :mod:`tinytf.nn.amp` (mixed precision: ``autocast``)."""
 from tinytf.nn import functional  # noqa: F401
 from tinytf.nn.conv import AvgPool1d, AvgPool2d, Conv1d, Conv2d, MaxPool1d, MaxPool2d  # noqa: F401
 from tinytf.nn.modules import (  # noqa: F401

@@ -2,7 +2,9 @@
 
 Arguments that are integer ids or boolean masks may be arrays or Tensors; they never get
 a gradient. Every op is called through the op table (:mod:`tinytf.engine.dispatch`): the reference
-class of :mod:`tinytf.ops`, or what :mod:`tinytf.fast` or ``amp.autocast`` put in its place.
+class of :mod:`tinytf.ops`, or the faster one that :mod:`tinytf.fast` installed for the
+inputs' device. Under :func:`tinytf.nn.amp.autocast` the products and the range-sensitive
+ops cast their inputs here, in the open (``amp.compute_dtype``, ``amp.cast_inputs``).
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import math
 from tinytf.engine import backend
 from tinytf.engine.dispatch import impl
 from tinytf.engine.tensor import Tensor, array_of
+from tinytf.nn import amp
 from tinytf.ops.attention import attention_weights
 
 
@@ -27,7 +30,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     network's first layer), equal to ``relu(linear(x, weight, bias))``.
     """
     inputs = (x, weight) if bias is None else (x, weight, bias)
-    return impl.Linear.apply(*inputs, activation=activation)
+    return impl.Linear.apply(*inputs, activation=activation,
+                             compute_dtype=amp.compute_dtype("linear", x))
 
 
 def relu(x: Tensor) -> Tensor:
@@ -68,12 +72,13 @@ def logsumexp(x: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
 
 def softmax(x: Tensor, axis: int = -1, *, dim: int | None = None) -> Tensor:
     """exp(x_i) / sum_j exp(x_j) along ``axis`` (or PyTorch's ``dim``)."""
-    return impl.Softmax.apply(x, axis=axis if dim is None else dim)
+    return impl.Softmax.apply(*amp.cast_inputs("softmax", x), axis=axis if dim is None else dim)
 
 
 def log_softmax(x: Tensor, axis: int = -1, *, dim: int | None = None) -> Tensor:
     """x_i - log sum_j exp(x_j) along ``axis`` (or PyTorch's ``dim``)."""
-    return impl.LogSoftmax.apply(x, axis=axis if dim is None else dim)
+    return impl.LogSoftmax.apply(*amp.cast_inputs("log_softmax", x),
+                                 axis=axis if dim is None else dim)
 
 
 def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
@@ -82,7 +87,7 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
     inputs = [x] + [t for t in (weight, bias) if t is not None]
     if weight is None and bias is not None:
         raise ValueError("layer_norm: a bias without a weight is not supported")
-    return impl.LayerNorm.apply(*inputs, eps=eps)
+    return impl.LayerNorm.apply(*amp.cast_inputs("layer_norm", *inputs), eps=eps)
 
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
@@ -138,8 +143,9 @@ def cross_entropy(logits: Tensor, target, label_smoothing: float = 0.0,
                          f"got {target.shape}")
     if logits.ndim != 2:
         logits, target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
-    loss = impl.CrossEntropy.apply(logits, target, label_smoothing=label_smoothing,
-                                   ignore_index=ignore_index, reduction=reduction)
+    loss = impl.CrossEntropy.apply(*amp.cast_inputs("cross_entropy", logits, target),
+                                   label_smoothing=label_smoothing, ignore_index=ignore_index,
+                                   reduction=reduction)
     return loss.reshape(lead) if reduction == "none" and len(lead) != 1 else loss
 
 
@@ -276,7 +282,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask=None, dropout: float = 0.0,
     With ``return_weights`` also returns the attention weights array (no gradient).
     """
     mask = array_of(mask)
-    out = impl.Attention.apply(q, k, v, mask=mask, dropout=dropout if training else 0.0)
+    out = impl.Attention.apply(*amp.cast_inputs("attention", q, k, v), mask=mask,
+                               dropout=dropout if training else 0.0)
     if not return_weights:
         return out
     return out, attention_weights(q.data, k.data, mask, 1.0 / math.sqrt(q.shape[-1]))

@@ -1,7 +1,8 @@
 """The reference ops: each a small :class:`~tinytf.engine.tensor.Function` subclass, its
 mathematics written once against ``xp`` (NumPy or CuPy), forward and backward side by side.
 
-- :mod:`.elementwise` — add, mul, neg, pow, exp, log, sqrt, tanh, relu, gelu, cast, abs, clamp
+- :mod:`.elementwise` — add, mul, neg, pow, exp, log, sqrt, tanh, relu, gelu, abs, clamp
+- :mod:`.cast` — conversion between float types, bfloat16 emulated on NumPy
 - :mod:`.activation` — sigmoid, softplus, silu
 - :mod:`.reduce` — sum, max
 - :mod:`.shape` — reshape, transpose, getitem, split, split/merge heads, cat, stack, where,
@@ -17,19 +18,19 @@ mathematics written once against ``xp`` (NumPy or CuPy), forward and backward si
 
 Importing this package registers every class in the op table (:mod:`tinytf.engine.dispatch`),
 through which ``Tensor``'s operators and :mod:`tinytf.nn.functional` call them; the faster
-variants in :mod:`tinytf.fast` replace some entries. Composite ops (sub, div, mean) are
+variants in :mod:`tinytf.fast` are installed beside some of them, per device. Composite ops (sub, div, mean) are
 built from these in :mod:`tinytf.engine.tensor`.
 """
 from tinytf.engine.dispatch import impl
 from tinytf.ops.activation import SiLU, Sigmoid, Softplus
 from tinytf.ops.attention import Attention
+from tinytf.ops.cast import Cast
 from tinytf.ops.conv import Conv
 from tinytf.ops.dropout import Dropout, DropoutAdd
 from tinytf.ops.elementwise import (
     GELU,
     Abs,
     Add,
-    Cast,
     Clamp,
     Exp,
     Log,

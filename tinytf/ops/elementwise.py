@@ -196,19 +196,6 @@ def relu_grad(y, grad):
     return grad * (y > 0)
 
 
-class Cast(Function):
-    """x converted to another float dtype; the gradient is converted back."""
-
-    changes_dtype = True
-
-    def forward(self, x, dtype):
-        self.in_dtype = x.dtype
-        return x.astype(dtype)
-
-    def backward(self, grad):
-        return grad.astype(self.in_dtype)
-
-
 class Abs(Function):
     """|x|; d/dx = sign(x), 0 at 0 (as PyTorch)."""
 

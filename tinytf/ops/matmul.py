@@ -1,8 +1,11 @@
 """Matrix products: general (batched, broadcast) matmul and the linear layer as one GEMM."""
 from __future__ import annotations
 
+import numpy as np
+
 from tinytf.engine.backend import get_array_module
 from tinytf.engine.tensor import Function
+from tinytf.ops.cast import to_compute
 from tinytf.ops.elementwise import relu_grad, sum_to
 
 
@@ -49,12 +52,22 @@ class Linear(Function):
     product; backward first zeroes the gradient where y is not positive, then proceeds as
     above. One node for the feed-forward network's first layer instead of two, and one
     pass over its (N, d_ff) output fewer.
+
+    ``compute_dtype`` (mixed precision: ``F.linear`` passes it under ``amp.autocast``):
+    float32 x and W are cast to it (:func:`~tinytf.ops.cast.to_compute`) and multiplied in
+    it, so the graph needs no cast nodes; the output has that dtype, the float32 bias
+    added to it as it is. Each gradient is formed in its input's own dtype straight from
+    the product (float32 for float32 master weights, as cuBLAS's float32 result type
+    gives it), with no 16-bit rounding on the way.
     """
 
-    def forward(self, x, weight, bias=None, activation=None):
+    def forward(self, x, weight, bias=None, activation=None, compute_dtype=None):
         if activation not in (None, "relu"):
             raise ValueError(f"Linear: activation must be None or 'relu', got {activation!r}")
         x2 = x.reshape(-1, x.shape[-1])
+        self.mixed = compute_dtype is not None
+        if self.mixed:
+            x2, weight = to_compute(x2, compute_dtype), to_compute(weight, compute_dtype)
         out = self.product(x2, weight)
         relu = activation == "relu"
         self.add_bias(out, bias, relu)
@@ -68,19 +81,26 @@ class Linear(Function):
         g2 = grad.reshape(-1, weight.shape[0])
         if relu_out is not None:
             g2 = self.relu_grad(relu_out, g2)
-        gx = g2 @ weight if self.needs_input_grad[0] else None
-        gw = g2.T @ x2 if self.needs_input_grad[1] else None
-        if gx is not None:
-            gx = gx.reshape(self.in_shape)
+        # Under mixed precision each gradient in its input's dtype, else the product's.
+        dtypes = [t.dtype if self.mixed else None for t in self.inputs]
+        need = self.needs_input_grad
+        gx = self.grad_product(g2, weight, dtypes[0]).reshape(self.in_shape) if need[0] else None
+        gw = self.grad_product(g2.T, x2, dtypes[1]) if need[1] else None
         if len(self.inputs) == 2:
             return gx, gw
-        return gx, gw, (g2.sum(axis=0) if self.needs_input_grad[2] else None)
+        return gx, gw, (self.bias_grad(g2, dtypes[2]) if need[2] else None)
 
-    # The product and the two row passes a faster variant replaces
-    # (tinytf.fast.cpu.RowParallelLinear).
+    # The products and the row passes a faster variant replaces
+    # (tinytf.fast.cpu.RowParallelLinear, tinytf.fast.cuda.FusedLinear).
     def product(self, x2, weight):
         """x2 @ weight.T, the forward's GEMM."""
         return x2 @ weight.T
+
+    def grad_product(self, a, b, out_dtype=None):
+        """a @ b, the backward's GEMMs; with ``out_dtype``, taken in that dtype."""
+        if out_dtype is None or out_dtype == np.result_type(a.dtype, b.dtype):
+            return a @ b
+        return a.astype(out_dtype, copy=False) @ b.astype(out_dtype, copy=False)
 
     def add_bias(self, out, bias, relu: bool) -> None:
         """out += bias, then out = max(out, 0) with the ReLU, in place."""
@@ -92,3 +112,7 @@ class Linear(Function):
     def relu_grad(self, relu_out, grad):
         """The gradient where the ReLU's output is positive, else 0."""
         return relu_grad(relu_out, grad)
+
+    def bias_grad(self, grad, out_dtype=None):
+        """The bias's gradient: ``grad`` summed over rows (in ``out_dtype`` if given)."""
+        return grad.sum(axis=0, dtype=out_dtype)

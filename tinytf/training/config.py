@@ -16,7 +16,7 @@ try:
 except ImportError:                 # Python 3.10: no TOML reader in the standard library
     tomllib = None
 
-from tinytf.fast import amp
+from tinytf.nn import amp
 from tinytf.models.transformer import TransformerConfig
 from tinytf.optim.schedule import LINEAR_WARMUP_CAP, SCHEDULES, Schedule
 from tinytf.training.recipes.presets import PRESET_DEFAULTS
@@ -74,7 +74,7 @@ class TrainConfig:
     seed: int = 1
     resume: bool = False
     device: str = "cpu"
-    precision: str = "float32"        # float32 | tf32 | bf16 | fp16 (tinytf.fast.amp)
+    precision: str = "float32"        # float32 | tf32 | bf16 | fp16 (tinytf.nn.amp)
     cuda_graph: bool = False          # replay steps as CUDA graphs (GPU; cuda_graph.StepGraphs)
     log_interval: int = 10
     log_format: str = "text"          # the progress on stderr: text lines or JSON objects

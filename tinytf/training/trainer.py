@@ -34,7 +34,8 @@ from tinytf import fast
 from tinytf.data.batches import BatchIterator, ParallelCorpus, read_parallel
 from tinytf.distributed import communicator as distributed
 from tinytf.engine import backend
-from tinytf.fast import amp
+from tinytf.fast.loss_scaler import DynamicLossScaler
+from tinytf.nn import amp
 from tinytf.models.transformer import Transformer, label_smoothed_loss
 from tinytf.optim.adam import clip_grad_norm_array, grad_norm_array
 from tinytf.training.config import TrainConfig, TrainError, model_config_for
@@ -180,7 +181,7 @@ class Trainer(TrainingLoop):
         # Mixed precision (docs/gpu.md): float32 master weights and Adam state whatever the
         # policy; a loss scaler only for fp16 (a pass-through otherwise).
         self.policy = amp.Policy(self.cfg.precision)
-        self.scaler = amp.DynamicLossScaler(enabled=self.policy.loss_scaling)
+        self.scaler = DynamicLossScaler(enabled=self.policy.loss_scaling)
         warning = amp.speed_warning(self.policy, self.device)   # before any timed pass
         if warning:
             self.log.info(warning)

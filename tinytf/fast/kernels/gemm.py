@@ -29,20 +29,24 @@ import numpy as np
 
 from tinytf.engine import backend
 from tinytf.fast.kernels import _runtime
+from tinytf.nn import amp
 
 OP_N, OP_T = 0, 1
 _tf32 = os.environ.get("TINYTF_TF32", "0") == "1"
 
 
 def set_tf32(flag: bool) -> None:
-    """Let float32 products use TF32 tensor cores (10-bit mantissa inputs, float32 sums)."""
+    """Let float32 products use TF32 tensor cores (10-bit mantissa inputs, float32 sums)
+    outside :func:`tinytf.nn.amp.autocast` blocks (a block's precision decides inside)."""
     global _tf32
     _tf32 = bool(flag)
 
 
 def tf32_enabled() -> bool:
-    """Whether float32 products run on TF32 tensor cores."""
-    return _tf32
+    """Whether float32 products run on TF32 tensor cores here: the innermost autocast
+    block's choice ("tf32" or not), else :func:`set_tf32`'s (``TINYTF_TF32=1``)."""
+    override = amp.tf32_override()
+    return _tf32 if override is None else override
 
 
 @dataclass(frozen=True)
@@ -354,7 +358,7 @@ def _gemm(p: Plan, first, second, out, ctype, out_ctype=None,
     if _capture is not None:
         c, handle = _capture
         compute = _CUBLAS_COMPUTE_32F_FAST_TF32 if (
-            ctype == _cuda_type(np.dtype(np.float32)) and _tf32) else _CUBLAS_COMPUTE_32F
+            ctype == _cuda_type(np.dtype(np.float32)) and tf32_enabled()) else _CUBLAS_COMPUTE_32F
         if p.batch == 1:
             status = c.gemm(handle, f.op, s.op, p.m, p.n, p.k, alpha_host.ctypes.data,
                             first.data.ptr, ctype, f.ld, second.data.ptr, ctype, s.ld,
@@ -375,7 +379,7 @@ def _gemm(p: Plan, first, second, out, ctype, out_ctype=None,
     cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
     cublas.setPointerMode(handle, getattr(cublas, "CUBLAS_POINTER_MODE_HOST", 0))
     compute = getattr(cublas, "CUBLAS_COMPUTE_32F", 68)
-    if ctype == _cuda_type(np.dtype(np.float32)) and _tf32:
+    if ctype == _cuda_type(np.dtype(np.float32)) and tf32_enabled():
         compute = getattr(cublas, "CUBLAS_COMPUTE_32F_FAST_TF32", 77)
     algo = getattr(cublas, "CUBLAS_GEMM_DEFAULT", -1)
     if p.batch == 1:

@@ -35,6 +35,7 @@ import tempfile
 
 import numpy as np
 
+from tinytf.engine.dispatch import impl
 from tinytf.fast.kernels import _runtime
 from tinytf.fast.kernels.sources import INSTANTIATIONS, SOURCE
 
@@ -232,7 +233,8 @@ def _execute(inst: str, grid, block, args) -> None:
 
 @contextlib.contextmanager
 def install(bf16_dtype=np.uint16):
-    """Within the block, fused kernels run on NumPy arrays through the CPU build.
+    """Within the block, fused kernels run on NumPy arrays through the CPU build, and the
+    op table runs the GPU's classes on NumPy arrays (what the GPU would run).
 
     ``bf16_dtype``: the NumPy dtype that holds bfloat16 *bits* in tests (NumPy has no
     bfloat16; uint16 arrays of bits stand in for it).
@@ -242,9 +244,14 @@ def install(bf16_dtype=np.uint16):
     _runtime._host_executor = _execute
     if bf16_dtype is not None:
         _runtime._extra_storage[np.dtype(bf16_dtype)] = "bf16_t"
+    cpu_ops = impl.installed("cpu")
+    impl.uninstall("cpu")
+    impl.install("cpu", impl.installed("gpu"))
     try:
         yield
     finally:
+        impl.uninstall("cpu")
+        impl.install("cpu", cpu_ops)
         _runtime._host_executor = prev_exec
         _runtime._extra_storage.clear()
         _runtime._extra_storage.update(prev_extra)

@@ -11,7 +11,7 @@ Design, for a reader coming from the reference ops in :mod:`tinytf.ops`:
 - **No CUDA headers.** 16-bit values are stored as raw bits (``bf16_t``, ``f16_t``) and
   converted with a few lines of bit arithmetic / one PTX instruction each, so the source
   compiles with a bare NVRTC (no include path) and the bf16 rounding below is the same
-  round-to-nearest-even that :func:`tinytf.fast.amp.round_to_bf16` emulates on NumPy.
+  round-to-nearest-even that :func:`tinytf.nn.cast.round_to_bf16` emulates on NumPy.
 - **Arithmetic is float32** whatever the storage type: every kernel loads with
   ``to_f32``, computes, and stores with ``from_f32<T>``.
 - **One warp per row** for the row-wise ops (softmax, layer norm, cross-entropy): rows
