@@ -174,13 +174,13 @@ class OpTimer:
         self._saved = []
 
     def __enter__(self):
-        # The classes that run (the op table's: fast variants where they are on), each
-        # timed under its reference op's name; a variant's call of its parent's code is
-        # inside its own time.
+        # The classes that run on the CPU (the op table's: fast variants where they are on),
+        # each timed under its reference op's name; a variant's call of its parent's code
+        # is inside its own time.
         for name in ops.__all__:
             if not isinstance(getattr(ops, name), type):
                 continue
-            cls = getattr(impl, name)
+            cls = getattr(impl, name).cpu
             for meth in ("forward", "backward"):
                 orig = getattr(cls, meth)
                 self._saved.append((cls, meth, vars(cls).get(meth)))
