@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from tinytf.training import trainer
+from tinytf.training import recipes, trainer
 from tinytf.training.config import TrainConfig, apply_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,8 +26,9 @@ TINY = ["d_model=16", "n_heads=2", "d_ff=32", "n_encoder_layers=1", "n_decoder_l
 
 def _config(data_dir, out, **kw):
     kw = {"save_interval": 1000, "warmup": 4, "lr_factor": 1.0, "max_tokens": 200, **kw}
+    recipe = {k: kw.pop(k) for k in list(kw) if k in recipes.LEGACY_KEYS}  # (the tiny recipe's)
     cfg = TrainConfig(data=data_dir, out=str(out), vocab_size=300, log_interval=2, seed=3,
-                      **kw)
+                      recipe_options=recipe, **kw)
     return apply_overrides(cfg, TINY)
 
 
@@ -110,8 +111,10 @@ def _preset_dropout_trainer(data_dir, tmp_path, out, *overrides, **kw):
     dropout_from_epoch) and ``overrides`` on top, and the StringIO its log goes to."""
     import io
     preset = [x for x in TINY if not x.startswith(("dropout_from_epoch", "dropout="))]
+    recipe = {k: kw.pop(k) for k in list(kw) if k in recipes.LEGACY_KEYS}
     cfg = apply_overrides(TrainConfig(data=data_dir, out=str(tmp_path / out), seed=3,
-                                      vocab_size=300, max_tokens=200, save_interval=1000, **kw),
+                                      vocab_size=300, max_tokens=200, save_interval=1000,
+                                      recipe_options=recipe, **kw),
                           [*preset, *overrides])
     log = io.StringIO()
     return trainer.Trainer(cfg, log_stream=log), log

@@ -92,7 +92,8 @@ def test_a_toml_config_file(data_dir, tmp_path, capsys):
     code, out, err = _train_main(capsys, "--config", str(path), "--out", str(tmp_path / "t"))
     assert code == 0, err
     options = json.loads((tmp_path / "t" / "config.json").read_text())["options"]
-    assert options["seed"] == 5 and options["max_tokens"] == 200 and options["fit_batch"] is False
+    assert options["seed"] == 5 and options["max_tokens"] == 200
+    assert options["recipe_options"]["fit_batch"] is False
 
 
 @pytest.mark.parametrize("content, message", [
@@ -101,6 +102,9 @@ def test_a_toml_config_file(data_dir, tmp_path, capsys):
     ('{"max_tokens": 200,', "line 1: Expecting property name"),
     ('[1, 2]', "expected an object of options"),
     ('{"model_overrides": {"dropuot": 0.1}}', "unknown model key 'dropuot'"),
+    ('{"recipe_options": {"min_updates": 1.5}}', "recipe_options: min_updates must be int"),
+    ('{"recipe_options": {"min_updatez": 1}}', "min_updatez is not an option of the tiny"),
+    ('{"min_updates": -3}', "recipe_options: min_updates must not be negative, got -3"),
     ("[" * 100000 + "]" * 100000, "nested too deeply"),
 ])
 def test_bad_config_files_are_one_line_and_exit_2(tmp_path, capsys, content, message):

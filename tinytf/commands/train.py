@@ -39,6 +39,7 @@ from tinytf.training.config import (
     option_of,
     read_config_file,
 )
+from tinytf.training import recipes
 from tinytf.training.run import train
 from tinytf.training.run_dir import has_checkpoint, resumed_config
 from tinytf.training.signals import StopRequested
@@ -61,7 +62,9 @@ def preset_defaults_text(options) -> str:
     for name, defaults in TrainConfig.PRESET_DEFAULTS.items():
         label = "tiny" if name == "tiny" else "small, base, big"
         peak = TrainConfig(config="tiny" if name == "tiny" else "base").tuned_peak()
-        text = " ".join(flag(k, v) for k, v in defaults.items()) + \
+        flat = {k: v for k, v in defaults.items() if k != "recipe"}
+        flat.update(defaults.get("recipe", {}))     # the recipe's options, set the same way
+        text = " ".join(flag(k, v) for k, v in flat.items()) + \
             f" (peak lr {peak:.2e}{' for base' if name != 'tiny' else ''})"
         lines.append(textwrap.fill(text, 88, initial_indent=f"  {label + ':':18s}",
                                    subsequent_indent=" " * 20, break_on_hyphens=False))
@@ -222,6 +225,7 @@ def config_from_args(args, given=frozenset(), notice=None) -> TrainConfig:
     options with the ``given`` ones on top. ``notice(text)`` hears of a preset name given
     to ``--config``."""
     values = {key: getattr(args, key) for key in FLAGS}    # each flag's option
+    recipe_flags = {} if args.min_updates is None else {"min_updates": args.min_updates}
     if values["config"] is None:
         values["config"] = TrainConfig.config
     if "data" in given and {"train_files", "valid_files"} & set(given):
@@ -236,11 +240,13 @@ def config_from_args(args, given=frozenset(), notice=None) -> TrainConfig:
                 values["config"] = args.config_file
         else:
             from_file = read_config_file(args.config_file)
-            if "max_tokens" in given:
-                from_file.pop("fit_batch", None)    # the user's --max-tokens is kept
+            if "max_tokens" in given and "recipe_options" in from_file:
+                from_file["recipe_options"] = recipes.for_new_run(   # the user's is kept
+                    from_file["recipe_options"], users_batch=True)
             for key, value in from_file.items():
                 if key not in given:
                     (values if key in values else extra)[key] = value
+    extra["recipe_options"] = {**extra.get("recipe_options", {}), **recipe_flags}
     cfg = TrainConfig(**values, **extra)
     if args.resume:
         return resumed_config(cfg, given, args.set).resolved()

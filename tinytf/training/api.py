@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from tinytf.training import recipes
 from tinytf.training.config import TrainConfig, TrainError
 from tinytf.training.run import train as _run
 
@@ -28,9 +29,12 @@ def train(config: TrainConfig | None = None, *, log_stream=None, **options) -> d
         config = dataclasses.replace(config, **options)
     elif config is None:
         fields = {f.name for f in dataclasses.fields(TrainConfig)}
-        unknown = sorted(set(options) - fields)
+        unknown = sorted(set(options) - fields - set(recipes.OPTION_DEFAULTS))
         if unknown:
             raise TrainError(f"unknown option {unknown[0]!r}: the options are TrainConfig's "
-                             f"fields ({', '.join(sorted(fields))})")
-        config = TrainConfig(**options)
+                             f"fields ({', '.join(sorted(fields))}) and the recipe's "
+                             f"({', '.join(recipes.OPTION_DEFAULTS)})")
+        recipe = {**options.pop("recipe_options", {}),
+                  **{k: options.pop(k) for k in list(options) if k in recipes.OPTION_DEFAULTS}}
+        config = TrainConfig(**options, recipe_options=recipe)
     return _run(config.resolved(), log_stream=log_stream)

@@ -19,6 +19,7 @@ except ImportError:                 # Python 3.10: no TOML reader in the standar
 from tinytf.nn import amp
 from tinytf.models.transformer import TransformerConfig
 from tinytf.optim.schedule import LINEAR_WARMUP_CAP, SCHEDULES, Schedule
+from tinytf.training import recipes
 from tinytf.training.recipes.presets import PRESET_DEFAULTS
 
 BPE_FILE = "bpe.json"
@@ -46,7 +47,8 @@ class TrainConfig:
     Options left at None are filled in by :meth:`resolved` from ``PRESET_DEFAULTS`` (the
     ``tiny`` preset gets settings that learn something in 10 minutes on 2 CPU cores; the
     others get the paper's). ``model_overrides`` holds ``--set`` keys of
-    :class:`TransformerConfig`.
+    :class:`TransformerConfig`, ``recipe_options`` those of the preset's recipe
+    (:mod:`tinytf.training.recipes`), which this class knows only as a dict.
     """
 
     data: str = "data/ende"
@@ -58,10 +60,8 @@ class TrainConfig:
     out: str | None = None            # default: runs/<data dir name>-<config>
     config: str = "tiny"              # preset of TransformerConfig (--preset)
     model_overrides: dict = dataclasses.field(default_factory=dict)
+    recipe_options: dict = dataclasses.field(default_factory=dict)  # the recipe's own (recipes/)
     max_tokens: int | None = None     # padded tokens per batch and side, per rank
-    min_updates: int | None = None    # with --max-minutes: halve the batch until it fits (0: off)
-    fitted_from: int | None = None    # the --max-tokens that max_tokens was fitted from
-    fit_batch: bool | None = None     # the preset's batch may adapt (None: when max_tokens unset)
     update_freq: int = 1              # batches accumulated per update
     max_steps: int | None = None      # stop after this many updates (0/None: no limit)
     max_minutes: float | None = None  # stop after this wall time (0/None: no limit)
@@ -90,10 +90,6 @@ class TrainConfig:
     valid_samples: int = 3            # sample translations logged at every validation
     max_bad_steps: int = 5            # stop after this many non-finite steps in a row
     dropout_from_epoch: int | None = None  # the model's dropout acts from this epoch on (1: all)
-    full_dropout_epochs: int | None = None  # a budget of this many epochs or more drops ...
-    long_dropout_from_epoch: int | None = None  # ... from this epoch on (tiny 3, others 1)
-    dropout_per_epoch: float | None = None  # ... raising P_drop this much per epoch (tiny 0.02) ...
-    dropout_rises_after: int | None = None  # ... of the budget's past this many (tiny 10)
     max_epochs: int | None = None     # stop after this many passes over the training data
     patience: int = 0                 # stop after N validations without a better best_metric
     best_metric: str = "loss"         # checkpoint_best.npz and patience: dev "loss" or "bleu"
@@ -105,16 +101,11 @@ class TrainConfig:
     def resolved(self) -> "TrainConfig":
         """A copy with every None default filled in (preset-dependent) and checked."""
         defaults = self.preset_defaults()
-        cfg = dataclasses.replace(self, model_overrides=dict(self.model_overrides))
-        if cfg.fit_batch is None:       # a --max-tokens the user gave is never replaced
-            cfg.fit_batch = self.max_tokens is None
+        cfg = dataclasses.replace(self, model_overrides=dict(self.model_overrides),
+                                  recipe_options=recipes.resolve_options(self, defaults))
         cfg._resolve_schedule(defaults)
-        if cfg.min_updates is None:     # --max-tokens is the largest batch the fit may keep
-            cfg.min_updates = defaults["min_updates"]
-        if cfg.dropout_from_epoch is not None and cfg.full_dropout_epochs is None:
-            cfg.full_dropout_epochs = 0     # the user's dropout_from_epoch, whatever the budget
         for key, value in defaults.items():
-            if getattr(cfg, key) is None and key not in ("lr", "lr_factor"):
+            if key not in ("lr", "lr_factor", "recipe") and getattr(cfg, key) is None:
                 setattr(cfg, key, value)
         if cfg.out is None:
             cfg.out = os.path.join("runs", f"{cfg.data_name()}-{cfg.config}")
@@ -253,7 +244,7 @@ class TrainConfig:
             raise TrainError("--cuda-graph replays steps as CUDA graphs: it needs --device gpu")
         positive = ("max_tokens", "update_freq", "warmup", "vocab_size", "log_interval",
                     "save_interval", "valid_interval", "train_max_len", "max_bad_steps",
-                    "workers", "dropout_from_epoch", "long_dropout_from_epoch")
+                    "workers", "dropout_from_epoch")
         for key in positive:
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise TrainError(f"{option_of(key)} must be at least 1, got "
@@ -265,13 +256,14 @@ class TrainConfig:
             raise TrainError(f"--log-format {self.log_format!r}: choose text or json")
         if self.best_metric not in ("loss", "bleu"):
             raise TrainError(f"--best-metric {self.best_metric!r}: choose loss or bleu")
-        for key in ("max_steps", "max_minutes", "min_updates", "clip_norm", "keep_last",
-                    "max_epochs", "full_dropout_epochs", "dropout_per_epoch",
-                    "dropout_rises_after", "patience", "valid_bleu_sentences", "valid_samples",
-                    "test_beam"):
+        for key in ("max_steps", "max_minutes", "clip_norm", "keep_last", "max_epochs",
+                    "patience", "valid_bleu_sentences", "valid_samples", "test_beam"):
             if getattr(self, key) is not None and getattr(self, key) < 0:
                 raise TrainError(f"{option_of(key)} must not be negative, got "
                                  f"{getattr(self, key)}")
+        problem = recipes.check_options(self.recipe_options)
+        if problem:
+            raise TrainError(f"{option_of(problem[0])} {problem[1]}")
 
     def to_dict(self) -> dict:
         """JSON-serialisable dict of every field."""
@@ -280,7 +272,7 @@ class TrainConfig:
 
 FLAGS = frozenset((
     "data", "src", "tgt", "train_files", "valid_files", "test_files", "out", "config",
-    "max_tokens", "min_updates", "update_freq",
+    "max_tokens", "update_freq",
     "max_steps", "max_minutes", "lr_schedule", "lr", "warmup", "lr_factor", "optimizer",
     "vocab_size", "seed", "resume", "device", "precision", "cuda_graph", "log_interval",
     "save_interval", "valid_interval", "keep_last", "clip_norm", "max_epochs", "patience",
@@ -307,9 +299,9 @@ def option_of(key: str) -> str:
 CONFIG_FILE_LIMIT = 1 << 20
 """A --config file larger than this (1 MiB) is refused before it is parsed."""
 
-NOT_FROM_FILE = ("resume", "fitted_from")
+NOT_FROM_FILE = ("resume",)
 """Keys of a run's config.json that a --config file does not carry over: a file starts a
-new run, and a fitted batch is fitted again."""
+new run (and a fitted batch is fitted again: :func:`recipes.for_new_run`)."""
 
 
 def read_config_file(path: str) -> dict:
@@ -356,6 +348,7 @@ def _checked_options(path: str, values: dict) -> dict:
     """``values`` without the keys a file does not carry, each checked against its field's
     type (the defaults' types, or the presets' where the default is None)."""
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    values = recipes.from_legacy(values)
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise TrainError(f"{path}: unknown option {unknown[0]!r} (the keys are those of a "
@@ -388,6 +381,11 @@ def _checked_options(path: str, values: dict) -> dict:
         bad = sorted(set(options["model_overrides"]) - model_fields)
         if bad:
             raise TrainError(f"{path}: model_overrides: unknown model key {bad[0]!r}")
+    if "recipe_options" in options:
+        options["recipe_options"] = recipes.for_new_run(options["recipe_options"])
+        problem = recipes.check_options(options["recipe_options"])
+        if problem:
+            raise TrainError(f"{path}: recipe_options: {problem[0]} {problem[1]}")
     return options
 
 
@@ -413,12 +411,15 @@ def _parse_value(text: str, current, key: str):
 
 def apply_overrides(cfg: TrainConfig, assignments) -> TrainConfig:
     """Apply ``--set key=value`` assignments: model keys (TransformerConfig fields) go to
-    ``cfg.model_overrides``, other TrainConfig fields are set directly; an unknown key is an
-    error listing the known ones (a typo must never be silently ignored)."""
+    ``cfg.model_overrides``, the recipe's options to ``cfg.recipe_options``, other
+    TrainConfig fields are set directly; an unknown key is an error listing the known ones
+    (a typo must never be silently ignored)."""
     model_fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
-    train_fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"model_overrides"}
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)} - {
+        "model_overrides", "recipe_options"}
     base_model = TransformerConfig()
-    cfg = dataclasses.replace(cfg, model_overrides=dict(cfg.model_overrides))
+    cfg = dataclasses.replace(cfg, model_overrides=dict(cfg.model_overrides),
+                              recipe_options=dict(cfg.recipe_options))
     for item in assignments:
         key, sep, text = item.partition("=")
         key = key.strip().replace("-", "_")
@@ -426,6 +427,8 @@ def apply_overrides(cfg: TrainConfig, assignments) -> TrainConfig:
             raise TrainError(f"--set {item!r}: expected key=value")
         if key in model_fields:
             cfg.model_overrides[key] = _parse_value(text, getattr(base_model, key), key)
+        elif key in recipes.OPTION_DEFAULTS:
+            cfg.recipe_options[key] = _parse_value(text, recipes.OPTION_DEFAULTS[key], key)
         elif key in train_fields:
             current = getattr(cfg, key)
             if current is None:  # an unresolved default: take the type from the preset value
@@ -434,7 +437,8 @@ def apply_overrides(cfg: TrainConfig, assignments) -> TrainConfig:
             setattr(cfg, key, _parse_value(text, current, key))
         else:
             raise TrainError(f"--set {key}: unknown key; model keys are "
-                             f"{sorted(model_fields)}, training keys are {sorted(train_fields)}")
+                             f"{sorted(model_fields)}, training keys are "
+                             f"{sorted(train_fields | set(recipes.OPTION_DEFAULTS))}")
     return cfg
 
 

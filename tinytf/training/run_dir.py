@@ -17,6 +17,7 @@ from tinytf.data.prepare import prepare_corpus
 from tinytf.decoding.translation import TranslationError, bpe_path_of
 from tinytf.text import BPE
 from tinytf.text.learn import TextError
+from tinytf.training import recipes
 from tinytf.training.config import BPE_FILE, CORPUS_DIR, TrainConfig, TrainError, apply_overrides
 from tinytf.utils import checkpoint
 from tinytf.utils.files import open_own
@@ -297,8 +298,9 @@ def resumed_config(cfg, given, assignments=()):
     giving ``--max-steps``, ``--max-minutes`` or ``--max-epochs`` replaces the run's budget
     whole, so that ``--resume --max-steps 3000`` trains on to update 3,000 after a
     time-budgeted run.
-    The ``--max-tokens`` that the run's batch was fitted from (``fitted_from``) keeps the
-    fitted batch: a job requeued with its first command continues as it trained.
+    The ``--max-tokens`` that the run's batch was fitted from (the recipe's
+    ``fitted_from``) keeps the fitted batch: a job requeued with its first command
+    continues as it trained.
     """
     out = cfg.out or dataclasses.replace(cfg, resume=False).resolved().out
     ckpt = newest_checkpoint(out, with_optim=False)[0] if has_checkpoint(out) else None
@@ -309,7 +311,7 @@ def resumed_config(cfg, given, assignments=()):
     if not isinstance(saved, dict):
         raise TrainError(f"{ckpt.path}: holds no training options (not a training checkpoint)")
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    options = {k: v for k, v in saved.items() if k in fields}
+    options = {k: v for k, v in recipes.from_legacy(saved).items() if k in fields}
     options.setdefault("dropout_from_epoch", 1)  # older runs had their dropout from the start
     options.setdefault("optimizer", "adam")      # ... and Adam without the rectifier
     for keys in (SCHEDULE_KEYS, BUDGET_KEYS):
@@ -317,9 +319,12 @@ def resumed_config(cfg, given, assignments=()):
             options.update({k: getattr(cfg, k) for k in keys})
     if "save_interval" in given and "valid_interval" not in given:
         options["valid_interval"] = None
-    if "max_tokens" in given and cfg.max_tokens == options.get("fitted_from"):
+    if "max_tokens" in given and cfg.max_tokens == recipes.fitted_from(options):
         given = set(given) - {"max_tokens"}   # the --max-tokens the run's batch was fitted from
     options.update({k: getattr(cfg, k) for k in given if k in fields})
+    if set(given) & set(recipes.OPTION_DEFAULTS):
+        options["recipe_options"] = {**options.get("recipe_options", {}), **{
+            k: cfg.recipe_options[k] for k in given if k in recipes.OPTION_DEFAULTS}}
     options.update(out=out, resume=True)
     return apply_overrides(TrainConfig(**options), assignments)
 

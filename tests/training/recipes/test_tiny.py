@@ -36,19 +36,69 @@ def test_only_the_presets_batch_is_fitted_a_users_max_tokens_is_kept():
     """min_updates resolves to the tiny preset's 1,500, to 0 for the paper's presets; the
     batch is fitted only where --max-tokens is the preset's (fit_batch), and a user's
     --max-tokens is timed instead, to warn (checks_user_batch)."""
-    assert TrainConfig().resolved().min_updates == 1500
-    assert TrainConfig().resolved().fit_batch
+    assert TrainConfig().resolved().recipe_options["min_updates"] == 1500
+    assert TrainConfig().resolved().recipe_options["fit_batch"]
     assert tiny.fits_batch(TrainConfig().resolved())                 # the 10-minute default
     users = TrainConfig(max_tokens=8192).resolved()
-    assert users.min_updates == 1500 and not users.fit_batch
+    assert users.recipe_options["min_updates"] == 1500 and not users.recipe_options["fit_batch"]
     assert not tiny.fits_batch(users) and tiny.checks_user_batch(users)
-    assert TrainConfig(max_tokens=4096, min_updates=800).resolved().min_updates == 800
-    assert not tiny.checks_user_batch(TrainConfig(max_tokens=4096, min_updates=0).resolved())
-    assert not tiny.fits_batch(TrainConfig(max_tokens=1024, fit_batch=True).resolved())
-    assert TrainConfig(config="base").resolved().min_updates == 0
+    assert TrainConfig(max_tokens=4096, recipe_options={"min_updates": 800}).resolved() \
+        .recipe_options["min_updates"] == 800
+    assert not tiny.checks_user_batch(TrainConfig(max_tokens=4096,
+                                                  recipe_options={"min_updates": 0}).resolved())
+    assert not tiny.fits_batch(TrainConfig(max_tokens=1024,
+                                          recipe_options={"fit_batch": True}).resolved())
+    assert TrainConfig(config="base").resolved().recipe_options["min_updates"] == 0
     assert not tiny.fits_batch(TrainConfig(max_steps=100).resolved())  # no time budget
     with pytest.raises(TrainError, match="--budget-min-updates must not be negative"):
-        TrainConfig(min_updates=-1).resolved()
+        TrainConfig(recipe_options={"min_updates": -1}).resolved()
+
+
+def test_the_recipes_options_are_its_own_the_config_knows_them_as_a_dict(tmp_path):
+    """TrainConfig has no field of the tiny recipe's: its options live in ``recipe_options``,
+    filled in from the preset, set by ``--set`` like any option, checked by the recipe, and
+    read from the top level of an older run's config.json or checkpoint."""
+    from tinytf.training import recipes
+    from tinytf.training.config import read_config_file
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert not fields & recipes.LEGACY_KEYS and "recipe_options" in fields
+    cfg = apply_overrides(TrainConfig(), ["full_dropout_epochs=0", "dropout_per_epoch=0.05"])
+    assert cfg.recipe_options == {"full_dropout_epochs": 0, "dropout_per_epoch": 0.05}
+    resolved = cfg.resolved().recipe_options
+    assert resolved["full_dropout_epochs"] == 0 and resolved["min_updates"] == 1500
+    assert cfg.resolved().resolved().recipe_options == resolved        # resolving is stable
+    with pytest.raises(TrainError, match="--set full_dropout_epochs=x: expected an integer"):
+        apply_overrides(TrainConfig(), ["full_dropout_epochs=x"])
+    with pytest.raises(TrainError, match="--set long_dropout_from_epoch must be at least 1"):
+        apply_overrides(TrainConfig(), ["long_dropout_from_epoch=0"]).resolved()
+    old = tmp_path / "config.json"         # a run's config.json from before recipe_options
+    old.write_text(json.dumps({"command": ["train.py"], "options": {
+        "max_tokens": 1024, "min_updates": 800, "fitted_from": 2048, "fit_batch": True,
+        "full_dropout_epochs": 0, "long_dropout_from_epoch": 3}}))
+    options = read_config_file(str(old))
+    assert options["recipe_options"] == {"min_updates": 800, "fit_batch": True,
+                                         "full_dropout_epochs": 0,
+                                         "long_dropout_from_epoch": 3}   # no fitted_from
+    assert TrainConfig(**options).resolved().recipe_options["min_updates"] == 800
+
+
+def test_a_run_stored_before_recipe_options_resumes_with_its_recipe(data_dir, tmp_path):
+    """A checkpoint whose training options hold the recipe's at the top level (older runs)
+    resumes with them in ``recipe_options``: its fitted batch and decided dropout kept."""
+    from tinytf.training.run_dir import resumed_config
+    cfg = _config(data_dir, tmp_path / "old", max_steps=1)
+    _run(cfg)
+    last = tmp_path / "old" / checkpoint.LAST
+    ckpt = checkpoint.load(last)
+    stored = {k: v for k, v in ckpt.meta["train_config"].items() if k != "recipe_options"}
+    stored.update(min_updates=7, fitted_from=400, fit_batch=True, full_dropout_epochs=0)
+    checkpoint.save(last, ckpt.model, optim_state=ckpt.optim,
+                    meta=dict(ckpt.meta, train_config=stored))
+    again = resumed_config(TrainConfig(data=data_dir, out=str(tmp_path / "old"), resume=True,
+                                       max_tokens=400), {"max_tokens"}).resolved()
+    assert again.recipe_options["min_updates"] == 7
+    assert again.recipe_options["fitted_from"] == 400 and again.recipe_options["fit_batch"]
+    assert again.recipe_options["full_dropout_epochs"] == 0
 
 
 def test_a_users_max_tokens_under_a_short_budget_is_kept_and_the_log_says_so(data_dir,
@@ -59,7 +109,8 @@ def test_a_users_max_tokens_under_a_short_budget_is_kept_and_the_log_says_so(dat
     log = io.StringIO()
     t = trainer.Trainer(_config(data_dir, tmp_path / "kept", max_tokens=2048,
                                 min_updates=10**9, max_minutes=1.0), log_stream=log)
-    assert t.cfg.max_tokens == 2048 and t.batches.max_tokens == 2048 and not t.cfg.fitted_from
+    assert t.cfg.max_tokens == 2048 and t.batches.max_tokens == 2048
+    assert not t.cfg.recipe_options["fitted_from"]
     text = log.getvalue()
     assert "warning: batch 2,048 tokens (--max-tokens, kept as given)" in text, text
     assert "the tiny preset would train with 1,024-token batches here" in text
@@ -191,10 +242,10 @@ def test_late_dropout_gives_way_to_a_long_budget(data_dir, tmp_path):
 
     probe, _ = start("probe", max_steps=1)
     per_epoch = len(probe.batches)
-    epochs = TrainConfig().resolved().full_dropout_epochs
+    epochs = TrainConfig().resolved().recipe_options["full_dropout_epochs"]
     assert epochs == 8 and probe.cfg.dropout_from_epoch == 5
-    assert probe.cfg.long_dropout_from_epoch == 3
-    assert probe.cfg.full_dropout_epochs == 0       # decided: late dropout, whatever comes
+    assert probe.cfg.recipe_options["long_dropout_from_epoch"] == 3
+    assert probe.cfg.recipe_options["full_dropout_epochs"] == 0   # decided: late, whatever comes
     probe.close()
     for out, kw, first in (("long", dict(max_steps=epochs * per_epoch), 3),
                            ("short", dict(max_steps=epochs * per_epoch - 1), 5)):
@@ -206,7 +257,7 @@ def test_late_dropout_gives_way_to_a_long_budget(data_dir, tmp_path):
     assert t.cfg.dropout_from_epoch == 1 and "dropout: from the first epoch: the budget" in log
     t.close()
     kept, _ = start("kept", "dropout_from_epoch=5", max_steps=epochs * per_epoch)
-    assert kept.cfg.dropout_from_epoch == 5 and kept.cfg.full_dropout_epochs == 0
+    assert kept.cfg.dropout_from_epoch == 5 and kept.cfg.recipe_options["full_dropout_epochs"] == 0
     kept.close()
     # Resumed as train.py resumes (the checkpoint's options): its choice stands, though the
     # new budget would choose otherwise.
@@ -236,7 +287,7 @@ def test_the_dropout_log_never_rounds_a_count_onto_its_threshold(tmp_path):
         ["7.9", "7.9", "8.0", "8.0", "15.0"]
     assert epochs_text(8.7, 0) == "8"
     tiny = TrainConfig(max_minutes=10).resolved()
-    assert tiny.full_dropout_epochs == 8
+    assert tiny.recipe_options["full_dropout_epochs"] == 8
     for epochs, want in ((7.97, "late dropout): the budget holds about 7.9 epochs"),
                          (8.04, "from epoch 3: the budget holds about 8.0 epochs")):
         stream = io.StringIO()
@@ -281,7 +332,7 @@ def test_a_time_budget_decides_dropout_at_the_pace_of_its_first_epochs(data_dir,
             "at the pace of epochs 1-2 (" in log)
     assert "epoch 5: dropout 0.1 from here on" in log and "epoch 3: dropout" not in log
     saved = checkpoint.load(tmp_path / "short" / checkpoint.LAST).meta["train_config"]
-    assert (saved["dropout_from_epoch"], saved["full_dropout_epochs"]) == (5, 0)
+    assert (saved["dropout_from_epoch"], saved["recipe_options"]["full_dropout_epochs"]) == (5, 0)
 
     # Stopped in epoch 2 (as by a signal), resumed with its first command: the resumed
     # part decides.
@@ -323,8 +374,10 @@ def test_a_long_budget_raises_the_dropout_rate(data_dir, tmp_path):
     assert budget_dropout(0.4, 0.02, 10, 80) == 0.4       # nor lowering a higher one
     assert budget_dropout(0.1, 0.0, 0, 80) == 0.1         # the paper's presets: off
     tiny, base = TrainConfig().resolved(), TrainConfig(config="base").resolved()
-    assert (tiny.dropout_per_epoch, tiny.dropout_rises_after) == (0.02, 10)
-    assert (base.dropout_per_epoch, base.dropout_rises_after) == (0.0, 0)
+    assert tiny.recipe_options["dropout_per_epoch"] == 0.02
+    assert tiny.recipe_options["dropout_rises_after"] == 10
+    assert base.recipe_options["dropout_per_epoch"] == 0.0
+    assert base.recipe_options["dropout_rises_after"] == 0
 
     def start(out, *overrides, **kw):
         return _preset_dropout_trainer(data_dir, tmp_path, out, *overrides, **kw)

@@ -13,14 +13,14 @@ PRESET_DEFAULTS = {
     # passes overfits at the paper's 0.1); Adam with RAdam's rectifier, which keeps a user's
     # short --warmup from costing BLEU (docs/training.md, "The tiny recipe"). The adaptive
     # parts are applied by tinytf.training.recipes.tiny.
-    "tiny": dict(optimizer="radam", max_tokens=2048, min_updates=1500,
-                 lr_schedule="linear", lr=2e-3, warmup=4000, vocab_size=4000,
-                 save_interval=200, dropout_from_epoch=5, full_dropout_epochs=8,
-                 long_dropout_from_epoch=3, dropout_per_epoch=0.02, dropout_rises_after=10),
+    "tiny": dict(optimizer="radam", max_tokens=2048, lr_schedule="linear", lr=2e-3,
+                 warmup=4000, vocab_size=4000, save_interval=200, dropout_from_epoch=5,
+                 recipe=dict(min_updates=1500, full_dropout_epochs=8, long_dropout_from_epoch=3,
+                             dropout_per_epoch=0.02, dropout_rises_after=10)),
     # The paper: warmup 4000, factor 1 (its batches held ~25k tokens per side).
-    "default": dict(optimizer="adam", max_tokens=4096, min_updates=0, lr_schedule="noam",
-                    lr_factor=1.0, warmup=4000, vocab_size=8000, save_interval=1000,
-                    dropout_from_epoch=1, full_dropout_epochs=0, long_dropout_from_epoch=1,
-                    dropout_per_epoch=0.0, dropout_rises_after=0),
+    "default": dict(optimizer="adam", max_tokens=4096, lr_schedule="noam", lr_factor=1.0,
+                    warmup=4000, vocab_size=8000, save_interval=1000, dropout_from_epoch=1),
 }
-"""Per preset (``default``: small, base and big), the training options it fills in."""
+"""Per preset (``default``: small, base and big), the training options it fills in; under
+``recipe`` the options of its recipe (:class:`~tinytf.training.recipes.tiny.TinyOptions`,
+whose defaults turn the rules off)."""

@@ -26,8 +26,73 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from tinytf.training.recipes import Recipe
+from tinytf.training.recipes.base import Recipe
 from tinytf.utils.log import count_of, format_seconds
+
+@dataclasses.dataclass(frozen=True)
+class TinyOptions:
+    """The recipe's options, a run's ``recipe_options``: each default turns its rule off (the
+    paper's presets); the ``tiny`` preset's values are in :mod:`.presets`."""
+
+    min_updates: int = 0              # --budget-min-updates: halve the preset's batch while
+                                      # a time budget holds fewer updates of it (0: off)
+    full_dropout_epochs: int = 0      # a budget of this many epochs or more drops ...
+    long_dropout_from_epoch: int = 1  # ... from this epoch on ...
+    dropout_per_epoch: float = 0.0    # ... raising P_drop this much per epoch ...
+    dropout_rises_after: int = 0      # ... of the budget's past this many
+    fit_batch: bool = False           # the batch is the preset's, so it may be fitted
+    fitted_from: int = 0              # the batch the run's was fitted from (0: not fitted)
+
+    SETTABLE = ("min_updates", "full_dropout_epochs", "long_dropout_from_epoch",
+                "dropout_per_epoch", "dropout_rises_after")
+    """The options a user sets (the last two are the recipe's record of the run)."""
+
+    @classmethod
+    def resolved(cls, cfg, preset: dict) -> dict:
+        """The options of the unresolved run ``cfg``: these defaults, the ``preset``'s, then
+        the run's own ``recipe_options``. Only the preset's batch is fitted (a --max-tokens
+        the user gave is never replaced), and a ``dropout_from_epoch`` the user gave holds
+        whatever the budget."""
+        given = dict(cfg.recipe_options)
+        options = {**dataclasses.asdict(cls()), **preset, **given}
+        if "fit_batch" not in given:
+            options["fit_batch"] = cfg.max_tokens is None
+        if cfg.dropout_from_epoch is not None and "full_dropout_epochs" not in given:
+            options["full_dropout_epochs"] = 0
+        return options
+
+    @classmethod
+    def problem(cls, options: dict) -> tuple | None:
+        """(key, what is wrong with its value) for the first bad entry of ``options``, or
+        None: an unknown key, a value of the wrong type or out of range."""
+        fields = {f.name: f.default for f in dataclasses.fields(cls)}
+        least = {"long_dropout_from_epoch": 1}
+        for key, value in options.items():
+            if key not in fields:
+                return key, f"is not an option of the tiny recipe ({', '.join(fields)})"
+            kind = type(fields[key])
+            ok = (isinstance(value, bool) if kind is bool else
+                  isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and (kind is float or isinstance(value, int)))
+            if not ok:
+                return key, f"must be {'true or false' if kind is bool else kind.__name__}, " \
+                            f"got {value!r}"
+            if kind is not bool and value < least.get(key, 0):
+                bound = least.get(key, 0)
+                return key, (f"must be at least {bound}, got {value}" if bound else
+                             f"must not be negative, got {value}")
+        return None
+
+
+def options(cfg) -> TinyOptions:
+    """The tiny recipe's options of the resolved run ``cfg``."""
+    return TinyOptions(**cfg.recipe_options)
+
+
+def with_options(cfg, **changes):
+    """``cfg`` with ``changes`` to its recipe options."""
+    return dataclasses.replace(cfg, recipe_options={**cfg.recipe_options, **changes})
+
 
 MIN_FITTED_TOKENS = 1024
 """The smallest batch that fitting a batch to a budget chooses (docs/training.md)."""
@@ -78,27 +143,29 @@ def fit_batch_to_budget(cfg, per_update: float, log):
     the size it was fitted from (``fitted_from``). Under MPI every rank passes rank 0's
     pace (:meth:`~tinytf.training.trainer.Trainer.measure_pace`), so every rank fits the same
     batch."""
+    o = options(cfg)
     fitted = fitted_max_tokens(cfg.max_tokens, per_update, cfg.max_minutes * 60.0,
-                               cfg.min_updates, cfg.max_steps or 0)
+                               o.min_updates, cfg.max_steps or 0)
     updates = cfg.max_minutes * 60.0 / per_update
     size = (f"{cfg.max_tokens:,}" if cfg.update_freq == 1 else
             f"{cfg.update_freq} x {cfg.max_tokens:,}")
     pace = (f"an update of {size} tokens takes about {per_update:.2f} s here: about "
             f"{updates:,.0f} in {count_of(cfg.max_minutes, 'minute')}")
     if fitted == cfg.max_tokens:
-        log.info(f"batch: {fitted:,} tokens: {pace} (--budget-min-updates {cfg.min_updates})")
+        log.info(f"batch: {fitted:,} tokens: {pace} (--budget-min-updates {o.min_updates})")
         return cfg
     log.info(f"batch: {fitted:,} tokens, fitted to the budget: {pace}, fewer than "
-             f"--budget-min-updates {cfg.min_updates} (docs/training.md, \"The batch and "
+             f"--budget-min-updates {o.min_updates} (docs/training.md, \"The batch and "
              f"the budget\"; --max-tokens {cfg.max_tokens:,} keeps it)")
-    return dataclasses.replace(cfg, max_tokens=fitted, fitted_from=cfg.max_tokens)
+    return with_options(dataclasses.replace(cfg, max_tokens=fitted), fitted_from=cfg.max_tokens)
 
 
 def drops_late(cfg, model_cfg) -> bool:
     """Whether the preset's late dropout may give way to an earlier start where the budget
     is long (``full_dropout_epochs``), and the model (``model_cfg``) has dropout at all."""
-    return bool(cfg.dropout_from_epoch > cfg.long_dropout_from_epoch
-                and cfg.full_dropout_epochs
+    o = options(cfg)
+    return bool(cfg.dropout_from_epoch > o.long_dropout_from_epoch
+                and o.full_dropout_epochs
                 and max(model_cfg.dropout, model_cfg.attention_dropout,
                         model_cfg.relu_dropout) > 0)
 
@@ -127,7 +194,7 @@ def defers_dropout(cfg) -> bool:
     """Whether the choice of :func:`dropout_for_budget` waits for the start of epoch
     ``long_dropout_from_epoch``, where the run's own pace over the epochs before it counts
     a time budget's passes (:func:`epochs_at_pace`): a time budget, and epochs before it."""
-    return bool(cfg.max_minutes and cfg.long_dropout_from_epoch > 1)
+    return bool(cfg.max_minutes and options(cfg).long_dropout_from_epoch > 1)
 
 
 def epochs_at_pace(cfg, epochs_done: int, spent: float, batches_per_epoch: int) -> float:
@@ -142,13 +209,14 @@ def epochs_at_pace(cfg, epochs_done: int, spent: float, batches_per_epoch: int) 
 
 def pending_dropout_plan(cfg, p_drop: float) -> str:
     """The first log lines' dropout plan while :func:`defers_dropout` waits."""
-    first, late = cfg.long_dropout_from_epoch, cfg.dropout_from_epoch
-    rate = (f" (at {p_drop:g}, {cfg.dropout_per_epoch:g} more for each epoch past "
-            f"{cfg.dropout_rises_after}, at most {MAX_BUDGET_DROPOUT:g})"
-            if cfg.dropout_per_epoch else "")
+    o = options(cfg)
+    first, late = o.long_dropout_from_epoch, cfg.dropout_from_epoch
+    rate = (f" (at {p_drop:g}, {o.dropout_per_epoch:g} more for each epoch past "
+            f"{o.dropout_rises_after}, at most {MAX_BUDGET_DROPOUT:g})"
+            if o.dropout_per_epoch else "")
     return (f"dropout: none in epochs 1-{first - 1}; then, at the pace of those epochs, "
             f"from epoch {first}{rate} if the budget holds full_dropout_epochs "
-            f"{cfg.full_dropout_epochs} epochs or more, else {p_drop:g} from epoch {late} "
+            f"{o.full_dropout_epochs} epochs or more, else {p_drop:g} from epoch {late} "
             f"(late dropout; docs/training.md, \"Late dropout\"; --set dropout_from_epoch=1 "
             f"drops from the start)")
 
@@ -171,28 +239,29 @@ def dropout_for_budget(cfg, p_drop: float, epochs: float | None, log, pace: str 
     ``pace``: how the epochs were counted, for the log line (which a decision before the
     first update writes only for the long budget: the run's first lines state late
     dropout)."""
-    if epochs is None or epochs < cfg.full_dropout_epochs:
+    o = options(cfg)
+    if epochs is None or epochs < o.full_dropout_epochs:
         if pace:    # (a choice at the pace of the first epochs: always a count)
             log.info(f"dropout: {p_drop:g} from epoch {cfg.dropout_from_epoch} (late "
                      f"dropout): the budget holds about {epochs_text(epochs)} epochs{pace}, fewer "
-                     f"than full_dropout_epochs {cfg.full_dropout_epochs} (docs/training.md, "
+                     f"than full_dropout_epochs {o.full_dropout_epochs} (docs/training.md, "
                      f"\"Late dropout\")")
-        return dataclasses.replace(cfg, full_dropout_epochs=0)
-    first = cfg.long_dropout_from_epoch
+        return with_options(cfg, full_dropout_epochs=0)
+    first = o.long_dropout_from_epoch
     when = "the first epoch" if first == 1 else f"epoch {first}"
     overrides = dict(cfg.model_overrides)
     rate = p_drop if "dropout" in overrides else budget_dropout(
-        p_drop, cfg.dropout_per_epoch, cfg.dropout_rises_after, epochs)
+        p_drop, o.dropout_per_epoch, o.dropout_rises_after, epochs)
     at = why = keep = ""
     if rate != p_drop:
         overrides["dropout"] = rate
         at = f" at {rate:g}"
-        why = (f", and {cfg.dropout_per_epoch:g} more for each past "
-               f"{cfg.dropout_rises_after}, at most {MAX_BUDGET_DROPOUT:g}")
+        why = (f", and {o.dropout_per_epoch:g} more for each past "
+               f"{o.dropout_rises_after}, at most {MAX_BUDGET_DROPOUT:g}")
         keep = f"--set dropout={p_drop:g} keeps the model's rate, "
     log.info(f"dropout: from {when}{at}: the budget holds about "
              f"{epochs_text(epochs, 1 if pace else 0)} epochs{pace}, at least "
-             f"full_dropout_epochs {cfg.full_dropout_epochs}{why} "
+             f"full_dropout_epochs {o.full_dropout_epochs}{why} "
              f"(docs/training.md, \"Late dropout\"; {keep}--set "
              f"dropout_from_epoch={cfg.dropout_from_epoch} keeps late dropout)")
     return dataclasses.replace(cfg, dropout_from_epoch=first, model_overrides=overrides)
@@ -202,31 +271,34 @@ def fits_batch(cfg) -> bool:
     """Whether a new run of the resolved ``cfg`` fits its batch to its time budget: only the
     preset's batch (a --max-tokens the user gave is kept), and not when it is already too
     small to halve."""
-    return bool(cfg.fit_batch and cfg.min_updates and cfg.max_minutes and not cfg.resume
+    o = options(cfg)
+    return bool(o.fit_batch and o.min_updates and cfg.max_minutes and not cfg.resume
                 and can_halve(cfg.max_tokens))
 
 
 def checks_user_batch(cfg) -> bool:
     """Whether a new run keeps the user's --max-tokens under a time budget that the preset
     would fit its batch to: then the pace is timed, to say if the budget holds few updates."""
-    return bool(not cfg.fit_batch and cfg.min_updates and cfg.max_minutes and not cfg.resume)
+    o = options(cfg)
+    return bool(not o.fit_batch and o.min_updates and cfg.max_minutes and not cfg.resume)
 
 
 def warn_user_batch(cfg, per_update: float, log) -> None:
     """The first log lines' word on a user's --max-tokens that leaves the time budget fewer
     than --budget-min-updates updates, and the batch the preset would have chosen."""
+    o = options(cfg)
     updates = cfg.max_minutes * 60.0 / per_update
-    if updates >= cfg.min_updates:
+    if updates >= o.min_updates:
         log.info(f"batch: {cfg.max_tokens:,} tokens (--max-tokens): about {updates:,.0f} "
                  f"updates in {count_of(cfg.max_minutes, 'minute')} at this machine's pace")
         return
     preset = cfg.preset_defaults()["max_tokens"]
     chosen = fitted_max_tokens(preset, per_update * preset / cfg.max_tokens,
-                               cfg.max_minutes * 60.0, cfg.min_updates, cfg.max_steps or 0)
+                               cfg.max_minutes * 60.0, o.min_updates, cfg.max_steps or 0)
     log.info(f"warning: batch {cfg.max_tokens:,} tokens (--max-tokens, kept as given): an "
              f"update takes about {per_update:.2f} s here, about {updates:,.0f} updates in "
              f"{count_of(cfg.max_minutes, 'minute')}, fewer than the preset's "
-             f"--budget-min-updates {cfg.min_updates}; the {cfg.config} preset would train "
+             f"--budget-min-updates {o.min_updates}; the {cfg.config} preset would train "
              f"with {chosen:,}-token batches here (leave --max-tokens out to let it)")
 
 
@@ -255,19 +327,20 @@ class TinyRecipe(Recipe):
             warn_user_batch(cfg, self.per_update, trainer.log)
         if fits_batch(cfg):
             cfg = fit_batch_to_budget(cfg, self.per_update, trainer.log)
-            self.per_update *= cfg.max_tokens / (cfg.fitted_from or cfg.max_tokens)
+            self.per_update *= cfg.max_tokens / (options(cfg).fitted_from or cfg.max_tokens)
         return cfg
 
     def plan(self, trainer) -> None:
         """A step budget's dropout now; a time budget's waits for epoch
         ``long_dropout_from_epoch`` (unless a resumed run is past it: kept as it was)."""
         cfg = trainer.cfg
+        o = options(cfg)
         if self.decide_now:
             epochs = upfront_epochs(cfg, self.per_update, len(trainer.batches))
             trainer.set_config(dropout_for_budget(cfg, trainer.model_cfg.dropout, epochs,
                                                   trainer.log))
-        elif self.defers and trainer.batches.epoch < cfg.long_dropout_from_epoch:
-            self.decided_at = cfg.long_dropout_from_epoch
+        elif self.defers and trainer.batches.epoch < o.long_dropout_from_epoch:
+            self.decided_at = o.long_dropout_from_epoch
 
     def before_update(self, trainer) -> None:
         """At the first update of epoch ``decided_at``: dropout for the passes the time
