@@ -32,66 +32,73 @@ from tinytf.utils.workers import thread_budget
 MIN_ELEMENTS = 1 << 18   # rows x row_size below which splitting does not pay
 MAX_THREADS = 8          # row passes are memory-bound: more threads than this gain nothing
 
-_state = threading.local()
-_pool: ThreadPoolExecutor | None = None
-_threads: int | None = None
+
+class RowThreads:
+    """The threads that the row-parallel ops share: how many, and the pool, started at its
+    first use (one per process: :data:`rows`)."""
+
+    def __init__(self):
+        self.count: int | None = None           # None: read the environment at first use
+        self.pool: ThreadPoolExecutor | None = None
+        self.local = threading.local()          # ``in_pool`` on the pool's own threads
+        os.register_at_fork(after_in_child=self.forget_pool)
+
+    def threads(self) -> int:
+        """The number of threads that row-parallel ops use (see the module's docstring)."""
+        if self.count is None:
+            self.count = min(thread_budget(), MAX_THREADS)
+        return self.count
+
+    def set_threads(self, n: int | None) -> None:
+        """Use ``n`` threads from now on (None: read the environment again)."""
+        if n is not None and n < 1:
+            raise ValueError(f"set_threads: need at least 1 thread, got {n}")
+        self.count = None if n is None else min(int(n), MAX_THREADS)
+        self.close()
+
+    def close(self) -> None:
+        """Stop the pool's threads (the next parallel call starts a pool again)."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
+
+    def forget_pool(self) -> None:
+        """In a forked child, which has none of the parent's threads: no pool yet."""
+        self.pool = None
+
+    def _pool_of(self, n: int) -> ThreadPoolExecutor:
+        if self.pool is not None and self.pool._max_workers != n:
+            self.close()
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(n, thread_name_prefix="tinytf-rows",
+                                           initializer=self._mark_pool_thread)
+        return self.pool
+
+    def _mark_pool_thread(self) -> None:
+        self.local.in_pool = True
+
+    def parallel_rows(self, fn, n_rows: int, row_size: int = 1) -> None:
+        """Call ``fn(lo, hi)`` over contiguous ranges covering rows 0..n_rows, in
+        parallel."""
+        n = self.threads()
+        if n == 1 or n_rows < 2 or n_rows * row_size < MIN_ELEMENTS or \
+                getattr(self.local, "in_pool", False):
+            fn(0, n_rows)
+            return
+        parts = min(n, n_rows)
+        bounds = [n_rows * i // parts for i in range(parts + 1)]
+        pool = self._pool_of(n - 1)   # one pool of the full size, however many parts
+        futures = [pool.submit(fn, bounds[i], bounds[i + 1]) for i in range(parts - 1)]
+        try:
+            fn(bounds[-2], bounds[-1])
+        finally:
+            for future in futures:
+                future.result()   # waits; re-raises the first error of another range
 
 
-def threads() -> int:
-    """The number of threads that row-parallel ops use (see the module's docstring)."""
-    global _threads
-    if _threads is None:
-        _threads = min(thread_budget(), MAX_THREADS)
-    return _threads
+rows = RowThreads()
+"""The process's row threads."""
 
-
-def set_threads(n: int | None) -> None:
-    """Use ``n`` threads from now on (None: read the environment again)."""
-    global _threads, _pool
-    if n is not None and n < 1:
-        raise ValueError(f"set_threads: need at least 1 thread, got {n}")
-    _threads = None if n is None else min(int(n), MAX_THREADS)
-    if _pool is not None:
-        _pool.shutdown(wait=True)
-        _pool = None
-
-
-def _mark_pool_thread():
-    _state.in_pool = True
-
-
-def _get_pool(n: int) -> ThreadPoolExecutor:
-    global _pool
-    if _pool is not None and _pool._max_workers != n:
-        _pool.shutdown(wait=True)
-        _pool = None
-    if _pool is None:
-        _pool = ThreadPoolExecutor(n, thread_name_prefix="tinytf-rows",
-                                   initializer=_mark_pool_thread)
-    return _pool
-
-
-def _forget_pool_after_fork():
-    global _pool
-    _pool = None  # the child has none of the parent's threads
-
-
-os.register_at_fork(after_in_child=_forget_pool_after_fork)
-
-
-def parallel_rows(fn, n_rows: int, row_size: int = 1) -> None:
-    """Call ``fn(lo, hi)`` over contiguous ranges covering rows 0..n_rows, in parallel."""
-    n = threads()
-    if n == 1 or n_rows < 2 or n_rows * row_size < MIN_ELEMENTS or \
-            getattr(_state, "in_pool", False):
-        fn(0, n_rows)
-        return
-    parts = min(n, n_rows)
-    bounds = [n_rows * i // parts for i in range(parts + 1)]
-    pool = _get_pool(n - 1)   # one pool of the full size, however many parts this call has
-    futures = [pool.submit(fn, bounds[i], bounds[i + 1]) for i in range(parts - 1)]
-    try:
-        fn(bounds[-2], bounds[-1])
-    finally:
-        for future in futures:
-            future.result()   # waits; re-raises the first error of another range
+threads = rows.threads
+set_threads = rows.set_threads
+parallel_rows = rows.parallel_rows
