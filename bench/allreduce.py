@@ -66,7 +66,7 @@ def median_ms(comm, call, reps: int) -> float:
 
 def worker(args) -> dict:
     """Run under mpirun: time the all-reduce and the training step on this communicator."""
-    comm = distributed.init()
+    comm = distributed.create_communicator()
     out = {"ranks": comm.size, "root": comm.is_root}
 
     # 1. The base model's gradients, all-reduced alone.

@@ -52,12 +52,12 @@ def max_diff(a, b):
 def test_init_without_launcher_is_single_process(monkeypatch):
     for var in distributed._LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)
-    comm = distributed.init()
+    comm = distributed.create_communicator()
     assert isinstance(comm, distributed.SingleCommunicator)
     assert (comm.rank, comm.size, comm.local_rank, comm.is_root) == (0, 1, 0, True)
     monkeypatch.setenv("TINYTF_DISTRIBUTED", "0")
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
-    assert isinstance(distributed.init(), distributed.SingleCommunicator)
+    assert isinstance(distributed.create_communicator(), distributed.SingleCommunicator)
 
 
 def test_single_communicator_is_the_identity():

@@ -1,7 +1,7 @@
 """Run under mpirun -n 2: every communicator primitive against values computed by hand.
 
 Prints "collectives OK" from rank 0; any failed assert ends the job non-zero (the
-abort-on-exception hook of ``distributed.init``).
+abort-on-exception hook of ``distributed.create_communicator``).
 """
 import os
 
@@ -13,7 +13,7 @@ from tinytf.distributed import communicator as distributed
 
 
 def main() -> None:
-    comm = distributed.init()
+    comm = distributed.create_communicator()
     r, n = comm.rank, comm.size
     assert isinstance(comm, distributed.MPICommunicator) and n == 2, (type(comm), n)
     assert comm.is_root == (r == 0)

@@ -1,7 +1,7 @@
 """Run under mpirun: rank 1 fails while rank 0 waits in a collective; must not hang.
 
 usage: fail.py MODE   with MODE one of
-  raise  - an uncaught exception (init() installed the abort-on-exception hook)
+  raise  - an uncaught exception (create_communicator() installed the abort-on-exception hook)
   guard  - an exception inside ``with comm.guard():`` (hook switched off)
   abort  - an explicit ``comm.abort("...", code=3)``
   exit   - ``sys.exit(4)`` inside ``comm.guard()``
@@ -18,7 +18,7 @@ from tinytf.distributed import communicator as distributed
 
 
 def main(mode: str) -> None:
-    comm = distributed.init(install_excepthook=(mode == "raise"))
+    comm = distributed.create_communicator(install_excepthook=(mode == "raise"))
     p = nn.Parameter(np.ones(3))
     p.grad = np.ones(3, dtype=np.float32)
     with contextlib.nullcontext() if mode == "raise" else comm.guard():

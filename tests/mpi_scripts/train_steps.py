@@ -18,7 +18,7 @@ from tinytf.distributed import communicator as distributed
 
 
 def main(kind: str, steps: int, out: str, per_rank_mean: bool = False) -> None:
-    comm = distributed.init()
+    comm = distributed.create_communicator()
     assert comm.size > 1, "run me under mpirun -n 2 (or more)"
     model = build_model(kind, seed=1 + comm.rank)   # rank 0 has seed 1, as the reference
     save_params(model, os.path.join(out, f"init_rank{comm.rank}.npz"))

@@ -123,7 +123,7 @@ def _prepare(args) -> None:
     lock = RunLock(cfg.out)
     try:
         t0 = time.perf_counter()
-        comm = distributed.init()
+        comm = distributed.create_communicator()
         _, sha, _ = run_bpe(cfg, comm, _Log, paths["train"])
         corpus = prepared_corpus(cfg, comm, _Log, paths["train"], sha)
         if not has_checkpoint(cfg.out):   # what a run that starts here is checked against

@@ -278,7 +278,7 @@ def _prog() -> str:
 def _gpu_of_a_resumed_run(comm) -> None:
     """A run resumed without ``--device gpu`` that trains on the GPU (its checkpoint's
     device): the check that ``--device gpu`` has before any work, and under mpirun each
-    rank's own GPU, which ``distributed.init`` chose only where ``--device gpu`` or
+    rank's own GPU, which ``distributed.create_communicator`` chose only where ``--device gpu`` or
     ``TINYTF_DEVICE=gpu`` said so (else every rank would train on the node's first GPU)."""
     problem = backend.gpu_unusable()
     if problem is not None:
@@ -295,13 +295,13 @@ def main(argv=None) -> int:
     start_process()
     args = build_parser().parse_args(argv)
     given = given_options(sys.argv[1:] if argv is None else argv)
-    if args.device == "gpu":  # read by tinytf.engine.backend and by distributed.init (GPU choice)
+    if args.device == "gpu":  # read by engine.backend and distributed.create_communicator
         problem = backend.gpu_unusable()    # before mpirun's ranks choose their GPUs
         if problem is not None:
             print(f"{_prog()}: error: --device gpu {problem}", file=sys.stderr)
             return 2
         os.environ["TINYTF_DEVICE"] = "gpu"
-    comm = distributed.init()
+    comm = distributed.create_communicator()
     with comm.guard():
         try:
             notice = (lambda text: print(f"{_prog()}: {text}", file=sys.stderr)) \

@@ -40,8 +40,8 @@ from tinytf.decoding.translation import (
     stream_line_blocks,
 )
 from tinytf.engine import backend
-from tinytf.nn import amp
 from tinytf.fast.transposed import transposed_weights
+from tinytf.nn import amp
 from tinytf.text import BPEFileError
 from tinytf.training.signals import StopRequested
 from tinytf.utils.streams import drop_stdout, note, write_all

@@ -2,7 +2,7 @@
 CUDA-aware transports on GPUs) in :mod:`tinytf.distributed.communicator`.
 
     from tinytf import distributed
-    comm = distributed.init()    # MPICommunicator under mpirun with >1 rank, else single
+    comm = distributed.create_communicator()   # MPICommunicator under mpirun, else single
 """
 from tinytf.distributed.communicator import (  # noqa: F401
     BUCKET_BYTES,
@@ -10,11 +10,11 @@ from tinytf.distributed.communicator import (  # noqa: F401
     Communicator,
     MPICommunicator,
     SingleCommunicator,
+    create_communicator,
     gpu_transport_from_env,
-    init,
     mpirun_command,
     nccl_usable,
 )
 
-__all__ = ["init", "Communicator", "SingleCommunicator", "MPICommunicator", "mpirun_command",
-           "gpu_transport_from_env", "nccl_usable", "BUCKET_BYTES", "GPU_TRANSPORTS"]
+__all__ = ["create_communicator", "Communicator", "SingleCommunicator", "MPICommunicator",
+           "mpirun_command", "gpu_transport_from_env", "nccl_usable", "BUCKET_BYTES", "GPU_TRANSPORTS"]

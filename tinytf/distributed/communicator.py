@@ -32,12 +32,12 @@ every rank can load NCCL and has a GPU of its own), staged through pinned host b
 at the end of this file; the CPU path never touches it.
 
 Failure: a Python exception on one rank would leave the others blocked in their next
-collective for ever. :func:`init` installs an excepthook that prints the rank's traceback
+collective for ever. :func:`create_communicator` installs an excepthook that prints the rank's traceback
 and calls ``COMM_WORLD.Abort(1)``, which makes ``mpirun`` kill every rank and exit
 non-zero; :meth:`Communicator.guard` does the same around a block.
 
 Without ``mpirun`` (no launcher variables in the environment) or without mpi4py,
-:func:`init` returns a :class:`SingleCommunicator` whose methods are no-ops, so train.py
+:func:`create_communicator` returns a :class:`SingleCommunicator` whose methods are no-ops, so train.py
 runs unchanged in one process and never initialises MPI.
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ _REDUCE_OPS = ("sum", "max", "min")
 # Entry points
 # --------------------------------------------------------------------------------------
 
-def init(*, bucket_bytes: int = BUCKET_BYTES, gpu_transport: str | None = None,
+def create_communicator(*, bucket_bytes: int = BUCKET_BYTES, gpu_transport: str | None = None,
          install_excepthook: bool = True) -> "Communicator":
     """The communicator for this process: MPI under a launcher with >1 rank, else single.
 

@@ -35,8 +35,8 @@ from tinytf.data.batches import BatchIterator, ParallelCorpus, read_parallel
 from tinytf.distributed import communicator as distributed
 from tinytf.engine import backend
 from tinytf.fast.loss_scaler import DynamicLossScaler
-from tinytf.nn import amp
 from tinytf.models.transformer import Transformer, label_smoothed_loss
+from tinytf.nn import amp
 from tinytf.optim.adam import clip_grad_norm_array, grad_norm_array
 from tinytf.training.config import TrainConfig, TrainError, model_config_for
 from tinytf.training.loop import TrainingLoop
@@ -91,7 +91,7 @@ class Trainer(TrainingLoop):
 
     def __init__(self, cfg: TrainConfig, comm=None, log_stream=None):
         cfg = cfg.resolved()
-        self.comm = comm or distributed.init()
+        self.comm = comm or distributed.create_communicator()
         self.root = self.comm.is_root
         self.run_dir = cfg.out
         self.device = cfg.device
