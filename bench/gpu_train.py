@@ -308,8 +308,8 @@ def attention_probe(dev: Device, cfg, mode: str, batch: int, length: int,
     """
     from tinytf import functional as F
     from tinytf.engine.tensor import Tensor
-    from tinytf.nn import amp
     from tinytf.fast.cuda_graph import CapturedStep
+    from tinytf.nn import amp
 
     xp = dev.xp
     dtype = amp.Policy(mode).compute_dtype(xp) or np.float32
@@ -350,8 +350,8 @@ def tinytf_decode(dev: Device, cfg, n_sent: int, src_len: int, max_new: int, bea
                   mode: str) -> dict:
     import tinytf
     from tinytf.decoding import search
-    from tinytf.nn import amp
     from tinytf.models import transformer
+    from tinytf.nn import amp
 
     tinytf.manual_seed(0)
     model = transformer.Transformer(cfg).to(dev.name).eval()

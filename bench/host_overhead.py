@@ -34,8 +34,8 @@ from tinytf import manual_seed
 from tinytf.engine.tensor import _topological_order  # noqa: E402
 from tinytf.fast import adam  # noqa: E402
 from tinytf.fast.loss_scaler import DynamicLossScaler  # noqa: E402
-from tinytf.nn import amp  # noqa: E402
 from tinytf.models.transformer import Transformer, TransformerConfig  # noqa: E402
+from tinytf.nn import amp  # noqa: E402
 
 
 def build(seed: int = 0):

@@ -12,8 +12,8 @@ from tinytf.decoding import search
 from tinytf.engine import backend
 from tinytf.fast import adam, kernels
 from tinytf.fast.loss_scaler import DynamicLossScaler
-from tinytf.nn import amp
 from tinytf.models.transformer import Transformer, TransformerConfig, label_smoothed_loss
+from tinytf.nn import amp
 
 
 def _cupy_or_reason():

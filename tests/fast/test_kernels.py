@@ -24,10 +24,10 @@ import tinytf
 from tinytf import functional as F
 from tinytf.engine.tensor import Tensor
 from tinytf.fast import FusedAdam, kernels
+from tinytf.fast.kernels import _runtime, gemm, host, sources
 from tinytf.fast.loss_scaler import DynamicLossScaler
 from tinytf.nn import amp
 from tinytf.ops import cast
-from tinytf.fast.kernels import _runtime, gemm, host, sources
 from tinytf.optim.adam import Adam
 
 try:

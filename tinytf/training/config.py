@@ -16,8 +16,8 @@ try:
 except ImportError:                 # Python 3.10: no TOML reader in the standard library
     tomllib = None
 
-from tinytf.nn import amp
 from tinytf.models.transformer import TransformerConfig
+from tinytf.nn import amp
 from tinytf.optim.schedule import LINEAR_WARMUP_CAP, SCHEDULES, Schedule
 from tinytf.training import recipes
 from tinytf.training.recipes.presets import PRESET_DEFAULTS

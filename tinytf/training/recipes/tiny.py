@@ -29,6 +29,7 @@ import math
 from tinytf.training.recipes.base import Recipe
 from tinytf.utils.log import count_of, format_seconds
 
+
 @dataclasses.dataclass(frozen=True)
 class TinyOptions:
     """The recipe's options, a run's ``recipe_options``: each default turns its rule off (the
@@ -75,8 +76,8 @@ class TinyOptions:
                   isinstance(value, (int, float)) and not isinstance(value, bool)
                   and (kind is float or isinstance(value, int)))
             if not ok:
-                return key, f"must be {'true or false' if kind is bool else kind.__name__}, " \
-                            f"got {value!r}"
+                return key, (f"must be {'true or false' if kind is bool else kind.__name__}, "
+                             f"got {value!r}")
             if kind is not bool and value < least.get(key, 0):
                 bound = least.get(key, 0)
                 return key, (f"must be at least {bound}, got {value}" if bound else
