@@ -173,8 +173,16 @@ class WordArray:
                 prv[y] = p
             sym[p], sym[q], nxt[p], pair[p], pair[q] = new, -1, y, -1, -1
             last = p
+        return self._number_made(made, where, twice, new_left | new, min_count)
+
+    def _number_made(self, made, where, twice, both_key, min_count):
+        """`merge_few`'s second half: number the pairs it `made` (key -> count) at positions
+        `where` (key -> list) that occur `min_count` times or more, list their positions,
+        and point the positions of `twice` at the pair `both_key` (the new symbol twice).
+        Returns the new pairs as ``(number, count, left, right)``."""
         m = self.pairs
         self._reserve(m + len(made))
+        pair = self.position_views[3]
         lo, hi, left, right, batch, count = self.pair_views  # _reserve may have grown them
         positions, pairs, listing, both = [], [], len(self.listed), DEAD
         for key, c in made.items():
@@ -191,7 +199,7 @@ class WordArray:
                 pairs.append((number, c, key >> SHIFT, key & MASK))
             for p in at:
                 pair[p] = number
-            if key == new_left | new:
+            if key == both_key:
                 both = number
         for x in twice:  # listed under (new, a) too; (new, new) is the pair there now
             pair[x] = both

@@ -57,14 +57,9 @@ def add_piece(pieces, piece_ids, left, right):
     return new
 
 
-def learn_merges(words, freqs, pieces, piece_ids, vocab_size, min_frequency):
-    """Greedily merge the most frequent adjacent pair until `pieces` holds `vocab_size` pieces.
-
-    words: list of lists of symbol ids (changed in place); freqs: their counts; pieces: list of
-    piece strings by id (appended to); piece_ids: piece string -> id (updated). Stops early when
-    the best pair occurs fewer than `min_frequency` times. Returns the merges as id pairs, in
-    order. A pair whose merged string already is a piece is skipped (never merged).
-    """
+def pair_counts(words, freqs):
+    """(count of each adjacent pair ``a << SHIFT | b`` over `words` weighted by `freqs`,
+    the indices of the words it occurs in: once per occurrence)."""
     counts = defaultdict(int)
     where = defaultdict(list)
     for idx, word in enumerate(words):
@@ -73,7 +68,17 @@ def learn_merges(words, freqs, pieces, piece_ids, vocab_size, min_frequency):
             key = (a << SHIFT) | b
             counts[key] += f
             where[key].append(idx)
+    return counts, where
 
+
+def learn_merges(words, freqs, pieces, piece_ids, vocab_size, min_frequency):
+    """Greedily merge the most frequent adjacent pair until `pieces` holds `vocab_size` pieces.
+
+    words: list of lists of symbol ids (changed in place); freqs: their counts; pieces: list of
+    piece strings by id (appended to); piece_ids: piece string -> id (updated). Stops early when
+    the best pair occurs fewer than `min_frequency` times. Returns the merges as id pairs, in
+    order. A pair whose merged string already is a piece is skipped (never merged)."""
+    counts, where = pair_counts(words, freqs)
     heap = [(-c, pieces[k >> SHIFT], pieces[k & MASK], k)
             for k, c in counts.items() if c >= min_frequency]
     heapq.heapify(heap)
