@@ -40,8 +40,8 @@ sys.path.insert(0, ROOT)
 
 from tinytf.decoding import search
 from tinytf.decoding.translation import SearchOptions, Translator, read_text_lines  # noqa: E402
-from tinytf.fast import cpu  # noqa: E402
-from tinytf.fast.kernels import gemm  # noqa: E402
+from tinytf.fast.cpu import ops as cpu  # noqa: E402
+from tinytf.fast.cuda.kernels import gemm  # noqa: E402
 from tinytf.models import decoder_state  # noqa: E402
 from tinytf.ops import attention, matmul, norm, softmax  # noqa: E402
 from tinytf.training.evaluate import greedy_translate  # noqa: E402

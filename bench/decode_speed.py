@@ -64,9 +64,9 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import tinytf  # noqa: E402
-import tinytf.fast.memory  # noqa: E402
+import tinytf.fast.cpu.memory  # noqa: E402
 
-tinytf.fast.memory.keep_by_default()   # as the commands do: freed memory kept
+tinytf.fast.cpu.memory.keep_by_default()   # as the commands do: freed memory kept
 from tinytf.decoding.search import beam_search  # noqa: E402
 from tinytf.decoding.translation import (  # noqa: E402
     PrefixState,
@@ -206,7 +206,7 @@ def main(args):
           f"batch {args.batch_size}", flush=True)
     print(f"python {platform.python_version()}, numpy {np.__version__}, "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}, "
-          f"{args.threads} threads, freed memory kept: {tinytf.fast.memory.kept()}", flush=True)
+          f"{args.threads} threads, freed memory kept: {tinytf.fast.cpu.memory.kept()}", flush=True)
 
     contestants = {"tinytf": lambda b: decode_tinytf(translator, b, options)}
     decoder = None

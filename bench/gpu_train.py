@@ -138,7 +138,7 @@ def _tinytf_step_fn(dev: Device, cfg, mode: str, batch):
 
 def tinytf_train(dev: Device, cfg, mode: str, batch, steps: int, warmup: int,
                  profile_dir=None) -> dict:
-    from tinytf.fast import kernels
+    from tinytf.fast.cuda import kernels
 
     step, _ = _tinytf_step_fn(dev, cfg, mode, batch)
     ntok = int(batch[2].size)
@@ -237,14 +237,14 @@ def op_profile(dev: Device, cfg, mode: str, batch, path: str) -> dict:
 def tinytf_graph_train(dev: Device, cfg, mode: str, batch, steps: int, warmup: int) -> dict:
     """The tinytf step with its forward and backward replayed as a CUDA graph.
 
-    ``tinytf.fast.cuda_graph.CapturedStep`` records one step's launches and replays them; the
+    ``tinytf.fast.cuda.graph.CapturedStep`` records one step's launches and replays them; the
     Adam step (one launch on the flat buffers) stays outside. First a check with dropout
     off: the replayed gradients must equal those of the ordinary step on the same
     weights (``grad_rel_diff``). Then the timed run with dropout on, as the eager row.
     """
     import dataclasses
 
-    from tinytf.fast.cuda_graph import CapturedStep
+    from tinytf.fast.cuda.graph import CapturedStep
     from tinytf.fast.loss_scaler import DynamicLossScaler
     from tinytf.nn import amp
 
@@ -308,7 +308,7 @@ def attention_probe(dev: Device, cfg, mode: str, batch: int, length: int,
     """
     from tinytf import functional as F
     from tinytf.engine.tensor import Tensor
-    from tinytf.fast.cuda_graph import CapturedStep
+    from tinytf.fast.cuda.graph import CapturedStep
     from tinytf.nn import amp
 
     xp = dev.xp
@@ -335,7 +335,7 @@ def attention_probe(dev: Device, cfg, mode: str, batch: int, length: int,
 
 
 def autocast_wired(dev: Device) -> bool:
-    """Whether F.linear computes in bf16 under autocast (the hook in tinytf.nn.functional)."""
+    """Whether F.linear computes in bf16 under autocast (it passes the compute dtype)."""
     from tinytf import functional as F
     from tinytf import nn
     from tinytf.engine.tensor import Tensor

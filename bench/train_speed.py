@@ -66,12 +66,12 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import tinytf  # noqa: E402
-import tinytf.fast.memory  # noqa: E402
+import tinytf.fast.cpu.memory  # noqa: E402
 
-tinytf.fast.memory.keep_by_default()   # as the commands do: freed memory kept
+tinytf.fast.cpu.memory.keep_by_default()   # as the commands do: freed memory kept
 from tinytf import fast, ops, optim  # noqa: E402
 from tinytf.engine.dispatch import impl  # noqa: E402
-from tinytf.fast import threads as fast_threads  # noqa: E402
+from tinytf.fast.cpu import threads as fast_threads  # noqa: E402
 from tinytf.models.transformer import PAD_ID, Transformer, TransformerConfig, label_smoothed_loss  # noqa: E402
 
 try:
@@ -378,7 +378,7 @@ def report(r):
     if "one_thread_rows_step_s" in r:
         one = r["one_thread_rows_step_s"]
         print(f"tinytf   {one * 1e3:8.1f} ms/step  with its row ops on one thread "
-              f"(tinytf.fast.threads): the {fast_threads.threads()} threads are "
+              f"(tinytf.fast.cpu.threads): the {fast_threads.threads()} threads are "
               f"{one / r['tinytf_step_s']:.2f}x faster")
     if "torch_step_s" in r:
         print(f"pytorch  {r['torch_step_s'] * 1e3:8.1f} ms/step  {r['torch_tok_s']:8.0f} "
@@ -415,7 +415,7 @@ def main():
     print(f"# threads {ARGS.threads}; numpy {np.__version__} ({blas_info()}); "
           f"torch {torch.__version__ if torch else 'absent'}; "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}; "
-          f"freed memory kept for both frameworks: {tinytf.fast.memory.kept()}")
+          f"freed memory kept for both frameworks: {tinytf.fast.cpu.memory.kept()}")
     import json
     lengths = [None] if ARGS.corpus else [int(n) for n in ARGS.length.split(",")]
     for length in lengths:

@@ -17,7 +17,7 @@ import numpy as np
 x = tinytf.Tensor(np.ones((2, 3), np.float32), requires_grad=True)
 (x * 2.0).sum().backward()
 from tinytf.engine.dispatch import impl
-from tinytf.fast import memory
+from tinytf.fast.cpu import memory
 print(json.dumps({"numpy_at_import": loaded, "environ_same": dict(os.environ) == before,
                   "kept": memory.kept(), "grad": x.grad.tolist(),
                   "linear": impl.Linear.cpu.__name__, "gpu_linear": impl.Linear.gpu.__name__,
@@ -51,7 +51,7 @@ def test_a_command_sets_up_its_process():
     """Importing the commands sets OpenBLAS's thread timeout before NumPy loads (never over
     the user's); a command's start keeps freed memory."""
     code = ("import os, sys\nimport tinytf.commands as c\nc.start_process()\n"
-            "from tinytf.fast import memory\n"
+            "from tinytf.fast.cpu import memory\n"
             "print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'), memory.kept())")
     timeout, kept = _run(code).split()
     assert timeout == "16" and (kept == "True" or not sys.platform.startswith("linux"))
@@ -61,16 +61,16 @@ def test_a_command_sets_up_its_process():
 
 def test_the_chain_of_an_op_names_each_class_down_to_the_reference():
     from tinytf.engine.dispatch import impl
-    from tinytf.fast.cpu import RowParallelLayerNorm
-    from tinytf.fast.cuda import FusedLayerNorm
+    from tinytf.fast.cpu.ops import RowParallelLayerNorm
+    from tinytf.fast.cuda.ops import FusedLayerNorm
     from tinytf.ops.norm import LayerNorm
     assert impl.chain("LayerNorm", "cpu") == [RowParallelLayerNorm, LayerNorm]
     assert impl.chain("LayerNorm", "gpu") == [FusedLayerNorm, LayerNorm]   # no CPU class
     assert impl.chain("Softmax", "cpu") == [impl.reference("Softmax")]
     text = impl.describe("LayerNorm").splitlines()
     assert text[0].startswith("LayerNorm") and len(text) == 3
-    assert text[1] == ("  cpu: RowParallelLayerNorm (tinytf.fast.cpu) -> "
+    assert text[1] == ("  cpu: RowParallelLayerNorm (tinytf.fast.cpu.ops) -> "
                        "LayerNorm (tinytf.ops.norm)")
-    assert text[2] == "  gpu: FusedLayerNorm (tinytf.fast.cuda) -> LayerNorm (tinytf.ops.norm)"
+    assert text[2] == "  gpu: FusedLayerNorm (tinytf.fast.cuda.ops) -> LayerNorm (tinytf.ops.norm)"
     with pytest.raises(KeyError):
         impl.chain("NoSuchOp")

@@ -34,7 +34,7 @@ from tinytf.decoding.translation import (
     pad_sources,
     read_text_lines,
 )
-from tinytf.fast import threads as row_threads
+from tinytf.fast.cpu import threads as row_threads
 from tinytf.models.transformer import Transformer, TransformerConfig
 from tinytf.text import BPE, EOS_ID
 from tinytf.utils import checkpoint

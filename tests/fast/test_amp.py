@@ -14,7 +14,7 @@ import pytest
 import tinytf
 from tinytf import functional as F
 from tinytf.engine.tensor import Tensor
-from tinytf.fast import kernels
+from tinytf.fast.cuda import kernels
 from tinytf.fast.loss_scaler import DynamicLossScaler
 from tinytf.nn import amp
 from tinytf.ops import cast

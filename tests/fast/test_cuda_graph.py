@@ -1,6 +1,6 @@
 """CUDA-graph training steps, the parts that run without a GPU: bucketing and padding batch
 shapes, and StepGraphs (fixed inputs, gradient slots, accumulation, invalidation) with the
-graph replaced by an eager call (cuda_graph.EagerReplay). The capture itself is tested on a
+graph replaced by an eager call (fast.cuda.graph.EagerReplay). The capture itself is tested on a
 GPU (tests/fast/test_gpu.py, bench/gpu_train.py)."""
 import os
 
@@ -13,7 +13,7 @@ from train_support import _config
 from tinytf.data.batches import Batch
 from tinytf.engine import backend
 from tinytf.fast import adam
-from tinytf.fast.cuda_graph import EagerReplay, StepGraphs, bucket_shape, pad_batch
+from tinytf.fast.cuda.graph import EagerReplay, StepGraphs, bucket_shape, pad_batch
 from tinytf.models.transformer import Transformer, TransformerConfig, label_smoothed_loss
 from tinytf.text import BOS_ID, EOS_ID, PAD_ID
 from tinytf.training import pipelined

@@ -44,8 +44,8 @@ def test_every_fast_op_subclasses_the_reference_it_replaces_directly():
             ref = impl.reference(name)
             assert cls.__bases__ == (ref,), (device, name)
             assert ref.__module__.startswith("tinytf.ops."), name
-            assert cls.__module__ == ("tinytf.fast.cpu" if device == "cpu" else
-                                      "tinytf.fast.cuda"), name
+            assert cls.__module__ == ("tinytf.fast.cpu.ops" if device == "cpu" else
+                                      "tinytf.fast.cuda.ops"), name
         assert impl.installed(device) == table
 
 

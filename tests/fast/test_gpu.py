@@ -10,7 +10,8 @@ import pytest
 import tinytf
 from tinytf.decoding import search
 from tinytf.engine import backend
-from tinytf.fast import adam, kernels
+from tinytf.fast import adam
+from tinytf.fast.cuda import kernels
 from tinytf.fast.loss_scaler import DynamicLossScaler
 from tinytf.models.transformer import Transformer, TransformerConfig, label_smoothed_loss
 from tinytf.nn import amp
@@ -208,7 +209,7 @@ def test_a_gpu_model_saves_and_loads_through_numpy():
 
 def _graph_setup(dropout, precision="bf16"):
     """A model, its Adam (flat buffers built by one ordinary step) and a forward+backward
-    on fixed device inputs, as tinytf.fast.cuda_graph wants them."""
+    on fixed device inputs, as tinytf.fast.cuda.graph wants them."""
     from tinytf import functional as F
     tinytf.manual_seed(0)
     model = Transformer(small_config(dropout=dropout)).to("gpu").train()
@@ -230,7 +231,7 @@ def _graph_setup(dropout, precision="bf16"):
 
 @pytest.mark.parametrize("precision", ["float32", "bf16"])
 def test_a_captured_step_replays_the_ordinary_steps_gradients(precision):
-    from tinytf.fast.cuda_graph import CapturedStep
+    from tinytf.fast.cuda.graph import CapturedStep
     opt, fb = _graph_setup(dropout=0.0, precision=precision)
     loss = fb()
     eager, eager_loss = opt.flat_buffers.grad.copy(), float(loss.item())
@@ -249,7 +250,7 @@ def test_a_captured_step_replays_the_ordinary_steps_gradients(precision):
 
 
 def test_captured_steps_draw_new_dropout_masks_and_train():
-    from tinytf.fast.cuda_graph import CapturedStep
+    from tinytf.fast.cuda.graph import CapturedStep
     opt, fb = _graph_setup(dropout=0.3)
     step = CapturedStep(fb, [p for _, p in opt.params])
     losses = []
@@ -266,7 +267,7 @@ def test_captured_step_graphs_of_several_shapes_share_a_pool_and_match_eager():
     from its own graph in one shared memory pool, in an interleaved order, give the
     unpadded eager batch's loss and gradients."""
     from tinytf.data.batches import Batch
-    from tinytf.fast.cuda_graph import StepGraphs
+    from tinytf.fast.cuda.graph import StepGraphs
     from tinytf.models.transformer import label_smoothed_loss
     tinytf.manual_seed(0)
     model = Transformer(small_config(dropout=0.0)).to("gpu").train()

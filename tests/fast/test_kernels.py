@@ -3,7 +3,7 @@
 Without a GPU:
 - the CUDA source compiles with NVRTC for sm_90 (needs libnvrtc, e.g. ``pip install
   nvidia-cuda-nvrtc-cu12``; skipped with the reason otherwise);
-- the very same source, built with g++ under ``tinytf.fast.kernels.host``, runs through the real
+- the very same source, built with g++ under ``tinytf.fast.cuda.kernels.host``, runs through the real
   Python wrappers and matches the NumPy ops in float32, float16 and bfloat16 storage;
 - the cuBLAS call plans (row-major to column-major, transposed views, batch strides) are
   executed by a NumPy model of column-major GEMM and match ``a @ b``.
@@ -23,8 +23,9 @@ import pytest
 import tinytf
 from tinytf import functional as F
 from tinytf.engine.tensor import Tensor
-from tinytf.fast import FusedAdam, kernels
-from tinytf.fast.kernels import _runtime, gemm, host, sources
+from tinytf.fast import FusedAdam
+from tinytf.fast.cuda import kernels
+from tinytf.fast.cuda.kernels import _runtime, gemm, host, sources
 from tinytf.fast.loss_scaler import DynamicLossScaler
 from tinytf.nn import amp
 from tinytf.ops import cast
@@ -59,7 +60,7 @@ needs_cxx = pytest.mark.skipif(host.compiler() is None,
 # ----- packaging ---------------------------------------------------------------------------
 
 def test_import_does_not_need_cupy():
-    code = ("import sys, tinytf, tinytf.fast.kernels, tinytf.nn.amp; "
+    code = ("import sys, tinytf, tinytf.fast.cuda.kernels, tinytf.nn.amp; "
             "assert 'cupy' not in sys.modules, 'tinytf imported cupy'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

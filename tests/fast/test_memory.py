@@ -1,4 +1,4 @@
-"""tinytf.fast.memory: freed arrays are reused by the next step instead of page-faulting."""
+"""tinytf.fast.cpu.memory: freed arrays are reused by the next step instead of page-faulting."""
 import os
 import platform
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tinytf.fast import memory
+from tinytf.fast.cpu import memory
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc",
                            reason="mallopt's thresholds are glibc's")
@@ -15,7 +15,7 @@ glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc",
 # five of seven steps, measured in a fresh process (the setting is process-wide).
 FAULTS_PER_STEP = """
 import resource, sys, numpy as np, tinytf
-from tinytf.fast import memory
+from tinytf.fast.cpu import memory
 if sys.argv[1] == "command":
     import tinytf.commands
     tinytf.commands.start_process()     # what each command does when it starts

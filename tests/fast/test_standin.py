@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from mpi_support import SCRIPTS, requires_mpi, run_mpi
 
-from tinytf.fast.kernels import host
+from tinytf.fast.cuda.kernels import host
 from tinytf.utils import checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,4 +1,4 @@
-"""Row-parallel CPU ops (tinytf.fast.threads, the RowParallel* classes of tinytf.fast.cpu):
+"""Row-parallel CPU ops (tinytf.fast.cpu.threads, the RowParallel* classes of tinytf.fast.cpu.ops):
 bitwise equal to their reference ops with any number of threads."""
 import threading
 
@@ -8,7 +8,8 @@ import pytest
 from tinytf import fast, ops
 from tinytf.engine import backend
 from tinytf.engine.tensor import Tensor
-from tinytf.fast import cpu, threads
+from tinytf.fast.cpu import ops as cpu
+from tinytf.fast.cpu import threads
 from tinytf.models.transformer import Transformer, TransformerConfig, label_smoothed_loss
 from tinytf.utils import workers
 

@@ -1,4 +1,4 @@
-"""Tests for tinytf.fast.transposed: the weights' transposes copied for a search's products."""
+"""Tests for tinytf.fast.cpu.transposed: the weights' transposes copied for a search's products."""
 
 from pathlib import Path
 
@@ -11,7 +11,7 @@ from tinytf import nn
 from tinytf.decoding.search import beam_search
 from tinytf.decoding.translation import SearchOptions, Translator, pad_sources
 from tinytf.engine.tensor import Tensor
-from tinytf.fast.transposed import transposed, transposed_weights
+from tinytf.fast.cpu.transposed import transposed, transposed_weights
 from tinytf.models.transformer import Transformer, TransformerConfig
 from tinytf.text import BOS_ID, BPE, EOS_ID
 from tinytf.training.evaluate import greedy_translate

@@ -22,14 +22,14 @@ import sys
 
 if "numpy" not in sys.modules:
     # OpenBLAS's idle threads spin for 2^28 cycles after each product before they sleep,
-    # taking a core from the row-parallel threads of tinytf.fast.threads; at 2^16 they
+    # taking a core from the row-parallel threads of tinytf.fast.cpu.threads; at 2^16 they
     # still spin between the products of one batched matmul but sleep during the row ops.
     # OpenBLAS reads it when NumPy loads it, so it is set only before that, and never over
     # the user's own setting.
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")
 
 from tinytf.engine import backend  # noqa: E402 - after the variable above
-from tinytf.fast import memory  # noqa: E402
+from tinytf.fast.cpu import memory  # noqa: E402
 
 
 class WarningLines(logging.Handler):
@@ -46,7 +46,7 @@ class WarningLines(logging.Handler):
 
 def start_process() -> None:
     """What a command does to its process when it starts: glibc keeps freed memory for the
-    next step (:func:`tinytf.fast.memory.keep_by_default`; ``TINYTF_KEEP_MEMORY=0`` or a
+    next step (:func:`tinytf.fast.cpu.memory.keep_by_default`; ``TINYTF_KEEP_MEMORY=0`` or a
     malloc tuning of the user's own leaves it as it is), and the library's warnings are
     shown on stderr (:class:`WarningLines`)."""
     memory.keep_by_default()

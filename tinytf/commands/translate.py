@@ -40,7 +40,7 @@ from tinytf.decoding.translation import (
     stream_line_blocks,
 )
 from tinytf.engine import backend
-from tinytf.fast.transposed import transposed_weights
+from tinytf.fast.cpu.transposed import transposed_weights
 from tinytf.nn import amp
 from tinytf.text import BPEFileError
 from tinytf.training.signals import StopRequested

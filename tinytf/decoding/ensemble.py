@@ -29,7 +29,7 @@ from tinytf.decoding.translation import (
 )
 from tinytf.engine import backend
 from tinytf.engine.tensor import no_grad
-from tinytf.fast.transposed import transposed_weights
+from tinytf.fast.cpu.transposed import transposed_weights
 from tinytf.nn import amp
 from tinytf.ops.softmax import logsumexp
 

@@ -29,7 +29,7 @@ from tinytf.decoding.search import Hypothesis, beam_search
 from tinytf.decoding.workers import translate_batches
 from tinytf.engine import backend
 from tinytf.engine.tensor import Tensor, no_grad
-from tinytf.fast.transposed import transposed_weights
+from tinytf.fast.cpu.transposed import transposed_weights
 from tinytf.models.transformer import Transformer, TransformerConfig
 from tinytf.nn import amp
 from tinytf.nn import functional as F

@@ -15,7 +15,7 @@ fork costs tens of milliseconds against the seconds a block of 1,000 lines takes
 """
 from __future__ import annotations
 
-from tinytf.fast import threads as row_threads
+from tinytf.fast.cpu import threads as row_threads
 from tinytf.utils.workers import can_fork, ordered_map, set_blas_threads, thread_budget
 
 _translator = None   # the parent's Translator, which forked workers inherit

@@ -8,7 +8,7 @@ back to the reference where it does not apply (float64 gradient checks, an odd s
 ``impl.describe("LayerNorm")`` prints what runs on each device.
 
 =================  ==========================  ============================================
-reference op       CPU (:mod:`.cpu`)           GPU (:mod:`.cuda`)
+reference op       CPU (:mod:`.cpu.ops`)       GPU (:mod:`.cuda.ops`)
 =================  ==========================  ============================================
 ``CrossEntropy``   ``BlockedCrossEntropy``:    ``FusedCrossEntropy``: loss, softmax and
                    one reused (N, V) buffer,   gradient in one launch per row block
@@ -35,22 +35,23 @@ reference op       CPU (:mod:`.cpu`)           GPU (:mod:`.cuda`)
                    search W.T copied once      ``amp.autocast`` (no cast nodes)
 =================  ==========================  ============================================
 
-The CPU's "in threads" is :mod:`tinytf.fast.threads` (``TINYTF_THREADS``), bitwise equal
-to one thread; ``FusedAdam`` updates the CPU's flat buffers the same way.
-``TINYTF_FAST=0`` in the environment, or :func:`set_enabled` (False), runs the reference
-ops everywhere; ``tests/fast/test_fast.py`` proves a whole Transformer step equal either way.
-The other fast paths, outside the op table: :mod:`tinytf.fast.kernels` (the CUDA source and its
-wrappers), :mod:`tinytf.nn.amp` (mixed precision), :mod:`tinytf.fast.cuda_graph` (step replay),
-the flat-buffer Adam in :mod:`tinytf.optim.adam`, and :mod:`tinytf.fast.memory` (glibc keeps
-freed memory for the next step: the commands ask for it; ``TINYTF_KEEP_MEMORY=0`` leaves
-malloc as it is).
+The folders are the devices: ``cpu/`` (:mod:`.cpu.ops`, the rows of NumPy passes in threads
+of :mod:`.cpu.threads` (``TINYTF_THREADS``), bitwise equal to one thread, W.T copied once per
+search in :mod:`.cpu.transposed`, and :mod:`.cpu.memory`: glibc keeps freed memory for the
+next step, which the commands ask for; ``TINYTF_KEEP_MEMORY=0`` leaves malloc as it is) and
+``cuda/`` (:mod:`.cuda.ops`, the CUDA source and its wrappers in :mod:`.cuda.kernels`, step
+replay in :mod:`.cuda.graph`). Beside them, for both: ``FusedAdam`` (:mod:`.optim`, the
+flat-buffer Adam of :mod:`tinytf.optim.adam` with its rows in threads or one kernel) and
+float16's loss scaling (:mod:`.loss_scaler`). ``TINYTF_FAST=0`` in the environment, or
+:func:`set_enabled` (False), runs the reference ops everywhere; ``tests/fast/test_fast.py``
+proves a whole Transformer step equal either way.
 """
 from __future__ import annotations
 
 import os
 
 from tinytf.engine.dispatch import impl
-from tinytf.fast.cpu import (
+from tinytf.fast.cpu.ops import (
     BlockedCrossEntropy,
     FlatIndexEmbedding,
     RowParallelAttention,
@@ -59,7 +60,7 @@ from tinytf.fast.cpu import (
     RowParallelLayerNorm,
     RowParallelLinear,
 )
-from tinytf.fast.cuda import (
+from tinytf.fast.cuda.ops import (
     CublasMatMul,
     FusedAttention,
     FusedCrossEntropy,

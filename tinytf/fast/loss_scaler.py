@@ -12,7 +12,7 @@ import numpy as np
 
 from tinytf.engine import backend
 from tinytf.engine.tensor import Tensor
-from tinytf.fast import kernels
+from tinytf.fast.cuda import kernels
 from tinytf.optim.adam import gradient_arrays
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinytf.fast import kernels
-from tinytf.fast.threads import parallel_rows
+from tinytf.fast.cuda import kernels
+from tinytf.fast.cpu.threads import parallel_rows
 from tinytf.optim.adam import Adam, adam_update
 
 
@@ -14,7 +14,7 @@ class FusedAdam(Adam):
     (``kernels.adam_step``: the moments, the bias corrections and the parameter in one
     pass), and whose ``skip`` flag is read by that kernel on the device, not by the host.
     Where the kernels do not run (NumPy arrays, float64) it is :class:`Adam`, with the flat
-    NumPy buffers updated by ranges in threads (:mod:`tinytf.fast.threads`; bitwise equal).
+    NumPy buffers updated by ranges in threads (:mod:`tinytf.fast.cpu.threads`; bitwise equal).
     """
 
     def _skips_on_device(self) -> bool:
@@ -33,7 +33,7 @@ class FusedAdam(Adam):
             return
         if all(type(a) is np.ndarray and a.ndim == 1 for a in (p, g, m, v)):
             # The flat buffers on the CPU: Adam is elementwise, so ranges of them update in
-            # threads (tinytf.fast.threads), bitwise as one call would.
+            # threads (tinytf.fast.cpu.threads), bitwise as one call would.
             def update(lo, hi):
                 adam_update(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], lr, betas, eps,
                             self.step_count)

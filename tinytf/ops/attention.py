@@ -75,8 +75,8 @@ class Attention(Function):
         gk = self.product(ds.swapaxes(-1, -2), q, self.scale) if need_k else None
         return gq, gk, gv
 
-    # The steps a faster variant replaces (tinytf.fast.cpu.RowParallelAttention,
-    # tinytf.fast.cuda.FusedAttention).
+    # The steps a faster variant replaces (tinytf.fast.cpu.ops.RowParallelAttention,
+    # tinytf.fast.cuda.ops.FusedAttention).
     def weights_of(self, q, k, mask):
         """P = softmax(q k^T / sqrt(d), masked)."""
         return attention_weights(q, k, mask, self.scale)

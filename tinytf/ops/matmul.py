@@ -37,7 +37,7 @@ class MatMul(Function):
         return ga, gb
 
     def product(self, a, b):
-        """a @ b (the step a faster variant replaces: tinytf.fast.cuda.CublasMatMul)."""
+        """a @ b (the step a faster variant replaces: tinytf.fast.cuda.ops.CublasMatMul)."""
         return a @ b
 
 
@@ -65,8 +65,8 @@ class Linear(Function):
         if activation not in (None, "relu"):
             raise ValueError(f"Linear: activation must be None or 'relu', got {activation!r}")
         x2 = x.reshape(-1, x.shape[-1])
-        self.mixed = compute_dtype is not None
-        if self.mixed:
+        self.compute_dtype = compute_dtype
+        if compute_dtype is not None:
             x2, weight = to_compute(x2, compute_dtype), to_compute(weight, compute_dtype)
         out = self.product(x2, weight)
         relu = activation == "relu"
@@ -82,7 +82,8 @@ class Linear(Function):
         if relu_out is not None:
             g2 = self.relu_grad(relu_out, g2)
         # Under mixed precision each gradient in its input's dtype, else the product's.
-        dtypes = [t.dtype if self.mixed else None for t in self.inputs]
+        mixed = self.compute_dtype is not None
+        dtypes = [t.dtype if mixed else None for t in self.inputs]
         need = self.needs_input_grad
         gx = self.grad_product(g2, weight, dtypes[0]).reshape(self.in_shape) if need[0] else None
         gw = self.grad_product(g2.T, x2, dtypes[1]) if need[1] else None
@@ -91,7 +92,7 @@ class Linear(Function):
         return gx, gw, (self.bias_grad(g2, dtypes[2]) if need[2] else None)
 
     # The products and the row passes a faster variant replaces
-    # (tinytf.fast.cpu.RowParallelLinear, tinytf.fast.cuda.FusedLinear).
+    # (tinytf.fast.cpu.ops.RowParallelLinear, tinytf.fast.cuda.ops.FusedLinear).
     def product(self, x2, weight):
         """x2 @ weight.T, the forward's GEMM."""
         return x2 @ weight.T

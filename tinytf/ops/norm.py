@@ -47,7 +47,7 @@ class LayerNorm(Function):
 
 
 # The row-wise arithmetic, into preallocated arrays, so that a faster variant can run it on
-# ranges of rows (tinytf.fast.cpu.RowParallelLayerNorm) and stay bitwise equal.
+# ranges of rows (tinytf.fast.cpu.ops.RowParallelLayerNorm) and stay bitwise equal.
 
 def layer_norm_(x, x_hat, rstd, out, weight=None, bias=None, eps=1e-5) -> None:
     """Into x_hat, rstd (..., 1) and out: x_hat = (x - mean) * rstd, rstd = 1 / sqrt(var +

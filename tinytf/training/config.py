@@ -75,7 +75,7 @@ class TrainConfig:
     resume: bool = False
     device: str = "cpu"
     precision: str = "float32"        # float32 | tf32 | bf16 | fp16 (tinytf.nn.amp)
-    cuda_graph: bool = False          # replay steps as CUDA graphs (GPU; cuda_graph.StepGraphs)
+    cuda_graph: bool = False          # replay steps as CUDA graphs (GPU; fast.cuda.graph)
     log_interval: int = 10
     log_format: str = "text"          # the progress on stderr: text lines or JSON objects
     tensorboard: str | None = None    # a directory for TensorBoard scalars (tensorboardX)

@@ -11,7 +11,7 @@ from tinytf.decoding.search import greedy_search
 from tinytf.decoding.translation import BANNED_IDS, SearchOptions, Translator, one_line
 from tinytf.engine import backend
 from tinytf.engine.tensor import no_grad
-from tinytf.fast.transposed import transposed_weights
+from tinytf.fast.cpu.transposed import transposed_weights
 from tinytf.models.transformer import label_smoothed_loss
 from tinytf.nn import amp
 from tinytf.text import BOS_ID, EOS_ID, PAD_ID

@@ -11,7 +11,7 @@ or land on a validation or checkpoint interval. A non-finite update is skipped o
 device (``Trainer.launch_step``), so nothing waits for that decision either.
 
 With ``--cuda-graph`` the forward and backward of each update are replayed as one CUDA
-graph per padded batch shape (:class:`tinytf.fast.cuda_graph.StepGraphs`, docs/gpu.md).
+graph per padded batch shape (:class:`tinytf.fast.cuda.graph.StepGraphs`, docs/gpu.md).
 
 Results equal the plain loop's bitwise (tests/training/test_trainer.py, with the graphs replaced by
 eager calls in tests/fast/test_cuda_graph.py).
@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 
 from tinytf.engine import backend
-from tinytf.fast.cuda_graph import StepGraphs
+from tinytf.fast.cuda.graph import StepGraphs
 from tinytf.models.transformer import label_smoothed_loss
 from tinytf.training import finish
 from tinytf.training.loop import forever
@@ -91,8 +91,8 @@ class PipelinedTrainer(Trainer):
     # ---- CUDA graphs -------------------------------------------------------------------
 
     def make_step_graphs(self, capture=None) -> StepGraphs:
-        """The :class:`cuda_graph.StepGraphs` of ``--cuda-graph`` (``capture``: the graph
-        class, ``cuda_graph.EagerReplay`` in the CPU tests). fp16: backward starts from
+        """The :class:`fast.cuda.graph.StepGraphs` of ``--cuda-graph`` (``capture``: the graph
+        class, ``fast.cuda.graph.EagerReplay`` in the CPU tests). fp16: backward starts from
         loss * S with S read from device memory, so that a replay multiplies by the current
         scale, not the one of its capture."""
         return StepGraphs(self._graph_loss, self.optimizer, self.device, capture=capture,

@@ -144,7 +144,7 @@ class RawModule:
     """Kernels from tinytf's CUDA source, run by the g++ host build."""
 
     def __init__(self, code=None, options=(), name_expressions=()):
-        from tinytf.fast.kernels import host
+        from tinytf.fast.cuda.kernels import host
         host.build()
         self._execute = host._execute
 

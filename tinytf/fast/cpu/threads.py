@@ -40,6 +40,7 @@ class RowThreads:
     def __init__(self):
         self.count: int | None = None           # None: read the environment at first use
         self.pool: ThreadPoolExecutor | None = None
+        self.pool_size = 0                      # the pool's threads
         self.local = threading.local()          # ``in_pool`` on the pool's own threads
         os.register_at_fork(after_in_child=self.forget_pool)
 
@@ -67,11 +68,12 @@ class RowThreads:
         self.pool = None
 
     def _pool_of(self, n: int) -> ThreadPoolExecutor:
-        if self.pool is not None and self.pool._max_workers != n:
+        if self.pool is not None and self.pool_size != n:
             self.close()
         if self.pool is None:
             self.pool = ThreadPoolExecutor(n, thread_name_prefix="tinytf-rows",
                                            initializer=self._mark_pool_thread)
+            self.pool_size = n
         return self.pool
 
     def _mark_pool_thread(self) -> None:

@@ -50,7 +50,7 @@ import collections
 import numpy as np
 
 from tinytf.engine import backend
-from tinytf.fast.kernels import gemm
+from tinytf.fast.cuda.kernels import gemm
 
 
 class CapturedStep:  # pragma: no cover - needs a GPU

@@ -10,7 +10,7 @@
   :class:`~tinytf.ops.dropout.DropoutAdd`, :class:`~tinytf.ops.attention.Attention` (its
   masked softmax and that softmax's backward) and :class:`~tinytf.ops.matmul.Linear` (its
   bias and ReLU passes) run the reference's own NumPy calls on ranges of rows in threads
-  (:mod:`tinytf.fast.threads`); ``BlockedCrossEntropy`` hands its blocks out the same way.
+  (:mod:`tinytf.fast.cpu.threads`); ``BlockedCrossEntropy`` hands its blocks out the same way.
 
 The first two agree with their reference to float32 rounding, the row-parallel ones bitwise
 (tests/fast/test_fast.py, tests/fast/test_threads.py).
@@ -23,8 +23,8 @@ import numpy as np
 
 from tinytf.engine import backend
 from tinytf.engine.backend import get_array_module, scatter_add
-from tinytf.fast.threads import parallel_rows
-from tinytf.fast.transposed import transposed
+from tinytf.fast.cpu.threads import parallel_rows
+from tinytf.fast.cpu.transposed import transposed
 from tinytf.ops.attention import Attention, masked_softmax_, masked_softmax_grad_
 from tinytf.ops.dropout import DropoutAdd, scaled_keep
 from tinytf.ops.elementwise import GELU, gelu_, gelu_grad_
@@ -138,7 +138,7 @@ class FlatIndexEmbedding(Embedding):
 
 # --------------------------------------------------------------------------------------
 # Row-parallel variants: the reference's own NumPy calls, on ranges of rows in threads
-# (tinytf.fast.threads), so each is bitwise equal to its reference with any thread count.
+# (tinytf.fast.cpu.threads), so each is bitwise equal to its reference with any thread count.
 # They take NumPy float32/float64 arrays; anything else runs the reference.
 # --------------------------------------------------------------------------------------
 
@@ -397,7 +397,7 @@ class RowParallelAttention(Attention):
 class RowParallelLinear(Linear):
     """:class:`Linear` with the bias (and ReLU) pass and the ReLU's backward by range of
     rows in threads; the products are single BLAS calls, the forward's by a contiguous
-    copy of W.T inside a search (:func:`tinytf.fast.transposed.transposed_weights`)."""
+    copy of W.T inside a search (:func:`tinytf.fast.cpu.transposed.transposed_weights`)."""
 
     def product(self, x2, weight):
         return x2 @ transposed(weight)

@@ -1,11 +1,11 @@
-"""Fused GPU kernels for the hot paths: the functions that :mod:`tinytf.fast.cuda` calls.
+"""Fused GPU kernels for the hot paths: the functions that :mod:`tinytf.fast.cuda.ops` calls.
 
 The reference ops in :mod:`tinytf.ops` are written once against ``xp``. On CuPy each
 elementwise step of that code is a kernel launch (about 10 us of CPU time) and a full pass
 over memory; the functions here do a whole op in one or two launches, computing in
 float32 whatever the storage type (float32, float16 or bfloat16).
 
-The op variants of :mod:`tinytf.fast.cuda` (subclasses of the reference ops) test
+The op variants of :mod:`tinytf.fast.cuda.ops` (subclasses of the reference ops) test
 ``fused`` and otherwise run their parent's code (see docs/gpu.md for each op)::
 
     def forward(self, x, axis=-1):
@@ -27,9 +27,9 @@ import os
 import numpy as np
 
 from tinytf.engine import backend
-from tinytf.fast.kernels import _runtime
-from tinytf.fast.kernels.gemm import matmul, set_tf32, tf32_enabled
-from tinytf.fast.kernels.sources import ELEMENTWISE_THREADS, ROWS_PER_BLOCK
+from tinytf.fast.cuda.kernels import _runtime
+from tinytf.fast.cuda.kernels.gemm import matmul, set_tf32, tf32_enabled
+from tinytf.fast.cuda.kernels.sources import ELEMENTWISE_THREADS, ROWS_PER_BLOCK
 
 __all__ = ["fused", "use_fused_kernels", "softmax_forward", "softmax_backward",
            "layer_norm_forward",

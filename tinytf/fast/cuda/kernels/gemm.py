@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinytf.engine import backend
-from tinytf.fast.kernels import _runtime
+from tinytf.fast.cuda.kernels import _runtime
 from tinytf.nn import amp
 
 OP_N, OP_T = 0, 1

@@ -36,8 +36,8 @@ import tempfile
 import numpy as np
 
 from tinytf.engine.dispatch import impl
-from tinytf.fast.kernels import _runtime
-from tinytf.fast.kernels.sources import INSTANTIATIONS, SOURCE
+from tinytf.fast.cuda.kernels import _runtime
+from tinytf.fast.cuda.kernels.sources import INSTANTIATIONS, SOURCE
 
 SHIM = r"""
 #include <cmath>

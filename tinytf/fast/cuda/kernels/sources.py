@@ -1,7 +1,7 @@
 """CUDA C source of tinytf's fused GPU kernels, as one string compiled once by NVRTC.
 
 Nothing here imports CuPy: the source is plain text, so the CPU test suite can compile
-it with NVRTC alone (no GPU needed) and :mod:`tinytf.fast.kernels` hands it to
+it with NVRTC alone (no GPU needed) and :mod:`tinytf.fast.cuda.kernels` hands it to
 ``cupy.RawModule`` the first time a CuPy array asks for a fused kernel.
 
 Design, for a reader coming from the reference ops in :mod:`tinytf.ops`:
@@ -19,7 +19,7 @@ Design, for a reader coming from the reference ops in :mod:`tinytf.ops`:
   ``__syncthreads``). Blocks hold ``ROWS_PER_BLOCK`` warps.
 - ``TINYTF_HOST_EMULATION`` swaps the two float16 PTX instructions for C++ ``_Float16``
   so that tests can build this very source with g++ and run it on the CPU
-  (:mod:`tinytf.fast.kernels.host`); nothing else differs.
+  (:mod:`tinytf.fast.cuda.kernels.host`); nothing else differs.
 - Each kernel follows the float32 formula of the NumPy op it replaces, in the same order,
   so the two agree to float32 rounding (tests/fast/test_kernels.py checks it on a GPU).
 """

@@ -2,7 +2,7 @@
 reference op it replaces.
 
 On CuPy every elementwise step of a reference op is a kernel launch (about 10 us of CPU
-time) and a full pass over memory; :mod:`tinytf.fast.kernels` does a whole op in one or two
+time) and a full pass over memory; :mod:`tinytf.fast.cuda.kernels` does a whole op in one or two
 launches, computing in float32 whatever the storage type (float32, float16, bfloat16),
 and runs every product through cuBLAS with an explicit compute type. Each class below
 takes the kernel path when ``kernels.fused(...)`` says the arrays are the kernels' (CuPy,
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinytf.engine.backend import get_array_module
-from tinytf.fast import kernels
+from tinytf.fast.cuda import kernels
 from tinytf.ops.attention import Attention
 from tinytf.ops.dropout import Dropout, DropoutAdd
 from tinytf.ops.elementwise import ReLU

@@ -3,7 +3,7 @@
 Two executors run the same launch: CuPy (``cupy.RawModule``, compiled by NVRTC the first
 time a kernel is needed and cached on disk by CuPy) for CuPy arrays, and, in tests only,
 a g++ build of the same source on NumPy arrays (:mod:`.host`). The wrappers in
-``tinytf/fast/kernels/__init__.py`` do not know which one runs.
+``tinytf/fast/cuda/kernels/__init__.py`` do not know which one runs.
 
 Scalar arguments are converted from the kernel's own C signature, read from the source:
 passing a Python float where the kernel expects ``long long`` would silently hand the GPU
@@ -17,7 +17,7 @@ import re
 import numpy as np
 
 from tinytf.engine import backend
-from tinytf.fast.kernels.sources import INSTANTIATIONS, NVRTC_OPTIONS, SOURCE
+from tinytf.fast.cuda.kernels.sources import INSTANTIATIONS, NVRTC_OPTIONS, SOURCE
 
 # dtype name -> C++ storage type in the source. ml_dtypes' bfloat16 is named "bfloat16".
 STORAGE = {"float32": "float", "float16": "f16_t", "bfloat16": "bf16_t"}
@@ -26,7 +26,7 @@ _extra_storage: dict = {}   # dtype -> C++ name, for the host tests (uint16 bits
 _SCALARS = {"long long": np.int64, "int": np.int32, "float": np.float32,
             "unsigned long long": np.uint64}
 
-_host_executor = None        # set by tinytf.fast.kernels.host.install() in tests
+_host_executor = None        # set by tinytf.fast.cuda.kernels.host.install() in tests
 
 calls: dict = {}
 """How many times each fused function ran (benchmarks print it to show the hooks are wired)."""
@@ -154,7 +154,7 @@ def launch(name: str, types, grid, block, args) -> None:
     if backend.get_array_module(first) is np:
         if _host_executor is None:
             raise RuntimeError("kernels/_runtime.py: fused kernels need CuPy arrays "
-                               "(or tinytf.fast.kernels.host.install() in tests)")
+                               "(or tinytf.fast.cuda.kernels.host.install() in tests)")
         _host_executor(full, tuple(grid), tuple(block), args)
     else:
         _cupy_module().get_function(full)(tuple(grid), tuple(block), args)

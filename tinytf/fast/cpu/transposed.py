@@ -10,7 +10,7 @@ promises that, a search over fixed weights::
     with transposed_weights(model):
         ...   # every Linear by one of the model's weights multiplies by its copy
 
-``RowParallelLinear.product`` (tinytf.fast.cpu) looks its weight up with :func:`transposed`.
+``RowParallelLinear.product`` (tinytf.fast.cpu.ops) looks its weight up with :func:`transposed`.
 Only NumPy matrices are copied (cuBLAS is handed the transposed operand as it is), and the
 copies are dropped when the block that made them ends.
 """
