@@ -83,6 +83,27 @@ def test_cast_inputs_is_identity_outside_autocast():
         assert amp.active() is None and amp.cast_inputs("linear", x, w) == (x, w)
 
 
+def test_nested_autocast_blocks_and_tf32():
+    """An inner block's policy holds inside it and the outer's comes back after it;
+    ``enabled=False`` turns autocast off (PyTorch's meaning) and keeps the outer TF32;
+    "tf32" asks kernels.matmul for TF32 products, any other precision for none."""
+    x, w = Tensor(rng.standard_normal((3, 4)).astype(np.float32)), \
+        Tensor(rng.standard_normal((5, 4)).astype(np.float32))
+    assert amp.tf32_override() is None
+    with amp.autocast("tf32"):
+        assert amp.tf32_override() is True and kernels.tf32_enabled()
+        with amp.autocast("bf16"):
+            assert amp.active().name == "bf16" and amp.tf32_override() is False
+            assert F.linear(x, w).data.dtype == np.float32        # emulated bf16 ...
+            assert amp.compute_dtype("linear", x) == cast.EMULATED_BF16   # ... in bf16
+            with amp.autocast(enabled=False):
+                assert amp.active() is None and amp.compute_dtype("linear", x) is None
+                assert amp.tf32_override() is False
+            assert amp.active().name == "bf16"
+        assert amp.active().name == "tf32" and amp.tf32_override() is True
+    assert amp.active() is None and amp.tf32_override() is None
+
+
 def test_autocast_fp16_linear_gives_float32_param_grads():
     x = Tensor(rng.standard_normal((6, 4)).astype(np.float32), requires_grad=True)
     w = tinytf.nn.Parameter(rng.standard_normal((3, 4)))

@@ -135,12 +135,13 @@ def autocast(precision="bf16", enabled: bool = True):
     The functions of :mod:`tinytf.nn.functional` read the policy and cast as it says
     (:func:`compute_dtype`, :func:`cast_inputs`); the model code does not change.
     Backward may run outside the block: the casts were recorded in the graph.
-    ``enabled=False`` leaves the enclosing block's settings as they are.
+    ``enabled=False`` turns autocast off for the block, as in PyTorch (an enclosing
+    block's TF32 setting holds).
     """
     policy = Policy(precision) if enabled else None
     prev = (_block.policy, _block.tf32)
+    _block.policy = policy if policy is not None and policy.name != "float32" else None
     if policy is not None:
-        _block.policy = policy if policy.name != "float32" else None
         _block.tf32 = policy.tf32
     try:
         yield policy
