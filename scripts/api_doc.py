@@ -159,6 +159,13 @@ def build() -> str:
                    class_rows([schedule.Schedule], "schedule.") +
                    [row(f, f"schedule.{n}") for n, f in public_functions(schedule)],
                    "The Transformer's learning-rate schedules (update numbers from 1).")
+    from tinytf.fast.loss_scaler import DynamicLossScaler  # noqa: PLC0415
+    from tinytf.nn import amp  # noqa: PLC0415
+    lines += table("tinytf.nn.amp", class_rows([amp.Policy], "amp.") +
+                   [row(f, f"amp.{n}") for n, f in public_functions(amp)] +
+                   class_rows([DynamicLossScaler], "fast.loss_scaler."),
+                   "Mixed precision (docs/gpu.md): `with amp.autocast(\"bf16\"):` around the "
+                   "forward pass; float16's loss scaling.")
     from tinytf.decoding.ensemble import EnsembleTranslator  # noqa: PLC0415
     from tinytf.decoding.translation import Translator  # noqa: PLC0415
     lines += table("tinytf.Translator", class_rows([Translator, EnsembleTranslator], ""),

@@ -87,8 +87,8 @@ class Policy:
         """Whether float32 products use TF32 tensor cores."""
         return self.name == "tf32"
 
-    def compute_dtype(self, xp=np):
-        """The dtype matrix products run in, for array module ``xp``.
+    def compute_dtype(self, xp=None):
+        """The dtype matrix products run in, for array module ``xp`` (None: NumPy).
 
         float32 for "float32"/"tf32"; float16 for "fp16"; for "bf16" on NumPy the marker
         :data:`EMULATED_BF16`, on CuPy ``ml_dtypes.bfloat16`` (an error if missing).
@@ -97,7 +97,7 @@ class Policy:
             return np.dtype(np.float16)
         if self.name != "bf16":
             return np.dtype(np.float32)
-        if xp is np:
+        if xp is None or xp is np:
             return EMULATED_BF16
         dtype = bfloat16_dtype()
         if dtype is None:
