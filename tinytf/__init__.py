@@ -13,7 +13,8 @@ Importing tinytf changes nothing in the process (no environment variable, no all
 setting) and loads nothing heavy: the public names below load their modules when first
 used, and the op table loads the ops and their fast variants at the first op. The commands
 set up their own process (:mod:`tinytf.commands`); a library user may do the same with
-:func:`tinytf.fast.cpu.memory.keep_freed_memory` and ``OPENBLAS_THREAD_TIMEOUT`` (docs/architecture.md).
+:func:`tinytf.fast.cpu.memory.keep_freed_memory` and ``OPENBLAS_THREAD_TIMEOUT``
+(docs/architecture.md).
 """
 import importlib as _importlib
 

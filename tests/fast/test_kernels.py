@@ -3,8 +3,9 @@
 Without a GPU:
 - the CUDA source compiles with NVRTC for sm_90 (needs libnvrtc, e.g. ``pip install
   nvidia-cuda-nvrtc-cu12``; skipped with the reason otherwise);
-- the very same source, built with g++ under ``tinytf.fast.cuda.kernels.host``, runs through the real
-  Python wrappers and matches the NumPy ops in float32, float16 and bfloat16 storage;
+- the very same source, built with g++ under ``tinytf.fast.cuda.kernels.host``, runs
+  through the real Python wrappers and matches the NumPy ops in float32, float16 and
+  bfloat16 storage;
 - the cuBLAS call plans (row-major to column-major, transposed views, batch strides) are
   executed by a NumPy model of column-major GEMM and match ``a @ b``.
 With a GPU (CuPy and a device): every wrapper, every op's forward and backward, and the

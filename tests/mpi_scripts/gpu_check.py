@@ -80,7 +80,7 @@ def time_base_allreduce(comm, cupy) -> float:
 
 
 def main(transports) -> None:
-    os.environ["TINYTF_DEVICE"] = "gpu"               # makes create_communicator() pick local_rank's GPU
+    os.environ["TINYTF_DEVICE"] = "gpu"   # create_communicator() then picks local_rank's GPU
     comm = distributed.create_communicator()
     import cupy  # noqa: PLC0415
     assert comm.size > 1, "run me under mpirun -n 2 (or more)"

@@ -17,4 +17,5 @@ from tinytf.distributed.communicator import (  # noqa: F401
 )
 
 __all__ = ["create_communicator", "Communicator", "SingleCommunicator", "MPICommunicator",
-           "mpirun_command", "gpu_transport_from_env", "nccl_usable", "BUCKET_BYTES", "GPU_TRANSPORTS"]
+           "mpirun_command", "gpu_transport_from_env", "nccl_usable", "BUCKET_BYTES",
+           "GPU_TRANSPORTS"]

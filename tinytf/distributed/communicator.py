@@ -32,13 +32,13 @@ every rank can load NCCL and has a GPU of its own), staged through pinned host b
 at the end of this file; the CPU path never touches it.
 
 Failure: a Python exception on one rank would leave the others blocked in their next
-collective for ever. :func:`create_communicator` installs an excepthook that prints the rank's traceback
-and calls ``COMM_WORLD.Abort(1)``, which makes ``mpirun`` kill every rank and exit
-non-zero; :meth:`Communicator.guard` does the same around a block.
+collective for ever. :func:`create_communicator` installs an excepthook that prints the
+rank's traceback and calls ``COMM_WORLD.Abort(1)``, which makes ``mpirun`` kill every rank
+and exit non-zero; :meth:`Communicator.guard` does the same around a block.
 
 Without ``mpirun`` (no launcher variables in the environment) or without mpi4py,
-:func:`create_communicator` returns a :class:`SingleCommunicator` whose methods are no-ops, so train.py
-runs unchanged in one process and never initialises MPI.
+:func:`create_communicator` returns a :class:`SingleCommunicator` whose methods are no-ops,
+so train.py runs unchanged in one process and never initialises MPI.
 """
 from __future__ import annotations
 

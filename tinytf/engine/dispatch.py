@@ -89,13 +89,14 @@ class OpTable:
             load()
 
     def __getattr__(self, name: str) -> Op:
-        """An op looked up before the table was loaded (Python calls this only for a
-        missing attribute): the table is loaded first."""
+        """An op not looked up yet (Python calls this only for a missing attribute): the
+        table is loaded first, then the op's entry becomes an attribute."""
         if name.startswith("_"):
             raise AttributeError(name)
         self._load()
         if name not in self._ops:
             raise AttributeError(f"dispatch: no op named {name!r}")
+        setattr(self, name, self._ops[name])
         return self._ops[name]
 
     def register(self, cls) -> type:

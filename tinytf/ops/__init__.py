@@ -18,8 +18,8 @@ mathematics written once against ``xp`` (NumPy or CuPy), forward and backward si
 
 Importing this package registers every class in the op table (:mod:`tinytf.engine.dispatch`),
 through which ``Tensor``'s operators and :mod:`tinytf.nn.functional` call them; the faster
-variants in :mod:`tinytf.fast` are installed beside some of them, per device. Composite ops (sub, div, mean) are
-built from these in :mod:`tinytf.engine.tensor`.
+variants in :mod:`tinytf.fast` are installed beside some of them, per device. Composite
+ops (sub, div, mean) are built from these in :mod:`tinytf.engine.tensor`.
 """
 from tinytf.engine.dispatch import impl
 from tinytf.ops.activation import SiLU, Sigmoid, Softplus

@@ -2,8 +2,8 @@
 reference op it replaces.
 
 On CuPy every elementwise step of a reference op is a kernel launch (about 10 us of CPU
-time) and a full pass over memory; :mod:`tinytf.fast.cuda.kernels` does a whole op in one or two
-launches, computing in float32 whatever the storage type (float32, float16, bfloat16),
+time) and a full pass over memory; :mod:`tinytf.fast.cuda.kernels` does a whole op in one or
+two launches, computing in float32 whatever the storage type (float32, float16, bfloat16),
 and runs every product through cuBLAS with an explicit compute type. Each class below
 takes the kernel path when ``kernels.fused(...)`` says the arrays are the kernels' (CuPy,
 16/32-bit floats, kernels enabled) and otherwise runs its parent's code: on NumPy arrays,
