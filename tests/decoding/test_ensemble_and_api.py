@@ -177,6 +177,9 @@ def test_train_from_python_logs_through_logging(data_dir, tmp_path, caplog, caps
     assert tinytf.Translator.load(str(tmp_path / "py")).translate("Good morning.")
     with pytest.raises(tinytf.training.config.TrainError, match="unknown option 'max_step'"):
         tinytf.train(max_step=3)
+    with pytest.raises(tinytf.training.config.TrainError,   # a recipe option, by name
+                       match="--budget-min-updates must not be negative"):
+        tinytf.train(min_updates=-1, max_steps=1)
 
 
 def test_log_format_json_is_one_object_per_line(data_dir, tmp_path, capsys):

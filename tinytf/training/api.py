@@ -8,7 +8,8 @@ summary.
     tinytf.Translator.load("runs/mine").translate("A sentence.")
 
 The options are :class:`~tinytf.training.config.TrainConfig`'s fields (a run's
-``config.json`` keys); a ``TrainConfig`` may be passed instead. Progress goes to the
+``config.json`` keys) and, by name, the recipe's options (``min_updates=800``: they go into
+``recipe_options``); a ``TrainConfig`` may be passed instead. Progress goes to the
 ``tinytf`` logger and to ``RUNDIR/train.log``; the summary is also ``RUNDIR/summary.json``.
 """
 from __future__ import annotations
@@ -21,8 +22,8 @@ from tinytf.training.run import train as _run
 
 
 def train(config: TrainConfig | None = None, *, log_stream=None, **options) -> dict:
-    """Train a Transformer with ``config`` or the ``options`` (TrainConfig fields; unset
-    ones are the preset's) and return the run's summary dict. ``log_stream``: where the
+    """Train a Transformer with ``config`` or the ``options`` (TrainConfig fields or the
+    recipe's options; unset ones are the preset's) and return the run's summary dict. ``log_stream``: where the
     progress lines go besides the ``tinytf`` logger (default: the logger only).
     Raises :class:`~tinytf.training.config.TrainError` for options that cannot work."""
     if config is not None and options:
