@@ -28,8 +28,7 @@ from tinytf.training.recipes.base import Recipe
 from tinytf.training.recipes.tiny import TinyOptions, TinyRecipe
 
 __all__ = ["Recipe", "recipe_for", "resolve_options", "check_options", "OPTION_DEFAULTS",
-           "LEGACY_KEYS", "from_legacy", "fitted_from",
-           "for_new_run"]
+           "LEGACY_KEYS", "from_legacy", "fitted_from", "for_new_run"]
 
 OPTION_DEFAULTS = {key: getattr(TinyOptions, key) for key in TinyOptions.SETTABLE}
 """The recipe options a user sets (``--set full_dropout_epochs=0``; ``--budget-min-updates``),
